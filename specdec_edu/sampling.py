@@ -1,0 +1,83 @@
+"""From logits to the probabilities that speculative sampling compares.
+
+Speculative sampling reproduces the *target's sampling distribution*, whatever it
+is: plain softmax, a temperature, top-k, top-p or greedy. So p (target) and q (draft)
+go through exactly the same warpers, in the same order as Hugging Face's
+``generate()``: temperature -> top-k -> top-p. Greedy decoding (``temperature=0``)
+is the limit where p is one-hot at the argmax; the same accept/resample rule then
+reduces to "accept the draft token iff it equals the target's argmax".
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def check_sampling_args(temperature: float, top_k: int, top_p: float) -> None:
+    """Raise ``ValueError`` (naming the fix) for sampling settings that make no sense."""
+    if temperature < 0:
+        raise ValueError(
+            f"temperature={temperature} is negative: use temperature > 0 to sample, "
+            "or temperature=0 (do_sample=False) for greedy decoding."
+        )
+    if top_k < 0:
+        raise ValueError(f"top_k={top_k} is negative: use top_k=0 to disable top-k, or a positive k.")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p={top_p} is outside (0, 1]: use top_p=1.0 to disable nucleus sampling.")
+
+
+def logits_to_probs(
+    logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0
+) -> torch.Tensor:
+    """Warp logits and normalise them into probabilities.
+
+    Args:
+        logits: ``[..., V]`` raw scores from a model's head.
+        temperature: divides the logits; ``0`` means greedy (one-hot at the argmax).
+        top_k: keep the ``k`` largest logits (``0`` disables).
+        top_p: keep the smallest set of tokens whose probability reaches ``top_p``
+            (``1.0`` disables); the most likely token is always kept.
+
+    Returns:
+        ``[..., V]`` probabilities, float32 (float64 if ``logits`` is float64).
+    """
+    check_sampling_args(temperature, top_k, top_p)
+    if not torch.isfinite(logits).all():
+        raise ValueError(
+            "the model produced NaN or inf logits: its forward pass overflowed. "
+            "Run it in float32 (dtype=torch.float32), or check its weights."
+        )
+    logits = logits.double() if logits.dtype == torch.float64 else logits.float()
+
+    if temperature == 0:  # greedy: all the mass on the argmax (ties: the first, like torch.argmax)
+        return torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+
+    logits = logits / temperature
+    if top_k > 0:
+        kth_largest = torch.topk(logits, min(top_k, logits.shape[-1])).values[..., -1:]
+        logits = logits.masked_fill(logits < kth_largest, float("-inf"))
+    if top_p < 1.0:
+        # Sort ascending; drop tokens whose cumulative mass (from the least likely up)
+        # stays within 1 - top_p. The most likely token always survives.
+        sorted_logits, order = torch.sort(logits, descending=False)
+        cumulative = sorted_logits.softmax(-1).cumsum(-1)
+        drop_sorted = cumulative <= 1 - top_p
+        drop_sorted[..., -1] = False
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits.softmax(-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Draw one token id from ``probs`` (``[V]``); returns a 0-dim LongTensor."""
+    check_generator(generator, probs.device)
+    return torch.multinomial(probs, 1, generator=generator)[0]
+
+
+def check_generator(generator: torch.Generator | None, device: torch.device) -> None:
+    """A generator must live on the device of the tensors it draws for."""
+    if generator is not None and generator.device.type != device.type:
+        raise ValueError(
+            f"the torch.Generator is on {generator.device.type} but the tensors are on {device.type}: "
+            f"create it with torch.Generator(device='{device.type}').manual_seed(seed)."
+        )

@@ -1,0 +1,73 @@
+"""Expected speedup of speculative decoding (Leviathan et al. 2023, Theorem 3.8 and Corollary 3.9).
+
+Model: each draft token is accepted independently with probability α. A round
+drafts γ tokens (cost γ·c, in units of one target forward) and verifies them in one
+target forward (cost 1, if verifying γ+1 tokens costs the same as decoding one:
+true while decoding is memory-bound). A round yields 1 + (number of accepted
+drafts) tokens, whose expectation is the geometric sum 1 + α + … + α^γ.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def _check(alpha, gamma, c=0.0):
+    a = np.asarray(alpha, dtype=float)
+    if np.any((a < 0) | (a > 1)):
+        raise ValueError(f"alpha must lie in [0, 1] (it is a probability), got {alpha}")
+    if np.any(np.asarray(gamma) < 0):
+        raise ValueError(f"gamma must be >= 0 draft tokens, got {gamma}")
+    if np.any(np.asarray(c, dtype=float) < 0):
+        raise ValueError(f"c (draft cost / target cost) must be >= 0, got {c}")
+    return a
+
+
+def _scalar_or_array(x):
+    return float(x) if np.ndim(x) == 0 else x
+
+
+def expected_tokens_per_round(alpha, gamma):
+    """E[tokens per target forward] = (1 − α^(γ+1)) / (1 − α); γ + 1 when α = 1.
+
+    Works elementwise on numpy arrays too.
+    """
+    a = _check(alpha, gamma)
+    one = np.isclose(a, 1.0)
+    safe = np.where(one, 0.5, a)  # avoid 0/0 where α = 1; that branch is replaced below
+    return _scalar_or_array(np.where(one, np.asarray(gamma, float) + 1, (1 - safe ** (np.asarray(gamma) + 1)) / (1 - safe)))
+
+
+def expected_speedup(alpha, gamma, c, verify_cost=1.0):
+    """Expected walltime speedup over target-only decoding.
+
+    ``(1 − α^(γ+1)) / ((1 − α)(γc + verify_cost))``. With ``verify_cost=1`` (the
+    default) this is Leviathan et al.'s formula. On devices where a (γ+1)-token
+    forward costs more than a one-token forward (a small model on a CPU), pass the
+    measured ratio ``t_verify(γ+1) / t_target(1)`` as ``verify_cost``.
+    """
+    _check(alpha, gamma, c)
+    return _scalar_or_array(
+        np.asarray(expected_tokens_per_round(alpha, gamma)) / (np.asarray(gamma) * np.asarray(c, float) + verify_cost)
+    )
+
+
+def optimal_gamma(alpha: float, c: float, max_gamma: int = 16, verify_cost=1.0) -> int:
+    """The γ in 1..max_gamma with the largest expected speedup.
+
+    ``verify_cost`` may be a float or a function of γ returning t_verify(γ+1)/t_target(1).
+    """
+    cost = verify_cost if callable(verify_cost) else (lambda g: verify_cost)
+    gammas = range(1, max_gamma + 1)
+    return max(gammas, key=lambda g: expected_speedup(alpha, g, c, cost(g)))
+
+
+def alpha_from_tau(tau: float, gamma: int, tol: float = 1e-10) -> float:
+    """Invert tokens-per-round: the α for which ``expected_tokens_per_round(α, γ) == tau``."""
+    if not 1 <= tau <= gamma + 1:
+        raise ValueError(f"tau must lie in [1, gamma + 1] = [1, {gamma + 1}], got {tau}")
+    lo, hi = 0.0, 1.0
+    while hi - lo > tol:  # the expectation grows monotonically in α: bisect
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if expected_tokens_per_round(mid, gamma) < tau else (lo, mid)
+    return (lo + hi) / 2

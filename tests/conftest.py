@@ -1,0 +1,85 @@
+"""Seeded fixtures: tiny random Llama models built in memory (no download).
+
+Tiny models are dominated by per-call overhead, so the suite runs torch on one
+thread (two threads on two cores only add contention). Set SPECDEC_SLOW=1 to run
+the tests marked ``slow``.
+"""
+
+import os
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+torch.set_num_threads(int(os.environ.get("SPECDEC_TEST_THREADS", "1")))
+
+
+def tiny_llama(seed: int, vocab_size: int = 64, hidden: int = 64, layers: int = 2, init: float = 0.2, max_positions: int = 256):
+    """A random LlamaForCausalLM. ``init`` (the weights' std) sets how peaked its next-token
+    distributions are: 0.2 gives a top token with ~40 % mass and draft/target pairs whose
+    total-variation distance is ~0.5, which is what the statistical tests need."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_positions,
+        initializer_range=init,
+        tie_word_embeddings=False,
+    )
+    return LlamaForCausalLM(config).eval().requires_grad_(False)
+
+
+def perturbed_copy(model, noise: float, seed: int):
+    """The same architecture and weights plus Gaussian noise: a draft that mostly agrees."""
+    copy = tiny_llama(seed=0, **_shape(model))
+    copy.load_state_dict(model.state_dict())
+    gen = torch.Generator().manual_seed(seed)
+    for w in copy.parameters():
+        w.add_(noise * w.std() * torch.randn(w.shape, generator=gen))
+    return copy
+
+
+def _shape(model):
+    c = model.config
+    return dict(vocab_size=c.vocab_size, hidden=c.hidden_size, layers=c.num_hidden_layers, max_positions=c.max_position_embeddings)
+
+
+@pytest.fixture(scope="session")
+def target():
+    return tiny_llama(seed=0)
+
+
+@pytest.fixture(scope="session")
+def draft():
+    """Unrelated random weights: low acceptance, many rejections and rollbacks."""
+    return tiny_llama(seed=1)
+
+
+@pytest.fixture(scope="session")
+def close_draft(target):
+    """A noisy copy of the target: high but imperfect acceptance."""
+    return perturbed_copy(target, noise=0.3, seed=2)
+
+
+@pytest.fixture(scope="session")
+def small_vocab_pair():
+    """(target, draft) over 8 tokens, 1 layer: small enough to enumerate every 3-token continuation."""
+    return tiny_llama(seed=10, vocab_size=8, hidden=32, layers=1), tiny_llama(seed=11, vocab_size=8, hidden=32, layers=1)
+
+
+@pytest.fixture
+def generator():
+    return torch.Generator().manual_seed(1234)
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get("SPECDEC_SLOW") == "1":
+        return
+    skip = pytest.mark.skip(reason="slow: set SPECDEC_SLOW=1 to run")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)

@@ -1,0 +1,74 @@
+"""Greedy speculative decoding must reproduce target.generate(do_sample=False) token for token (fp32)."""
+
+import pytest
+import torch
+
+from specdec_edu import ModelDrafter, PromptLookupDrafter, autoregressive_generate, speculative_generate
+
+PROMPTS = [torch.randint(0, 64, (n,), generator=torch.Generator().manual_seed(s)) for s, n in zip(range(24), [1, 2, 3, 5, 8, 13] * 4)]
+
+
+def reference(target, prompt, max_new_tokens, eos=None):
+    """HF's greedy output. The explicit all-ones mask stops generate() from masking prompt
+    tokens that happen to equal pad_token_id."""
+    ids = prompt[None]
+    return target.generate(
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=0
+    )[0]
+
+
+@pytest.mark.parametrize("which", ["close_draft", "draft"])
+def test_greedy_equals_generate_for_24_prompts_and_gamma_1_to_8(request, target, which):
+    """24 prompts (lengths 1–13) × γ = 1..8 (cycled): identical tokens, with and without EOS."""
+    drafter = request.getfixturevalue(which)
+    for i, prompt in enumerate(PROMPTS):
+        gamma = 1 + i % 8
+        expected = reference(target, prompt, 24)
+        out = speculative_generate(target, drafter, prompt[None], max_new_tokens=24, gamma=gamma)
+        assert out.sequences[0].tolist() == expected.tolist(), (i, gamma)
+        # EOS: make the token the target emits at step 6 the EOS; both must stop right after it.
+        eos = int(expected[len(prompt) + 6])
+        expected = reference(target, prompt, 24, eos=eos)
+        out = speculative_generate(target, drafter, prompt[None], max_new_tokens=24, gamma=gamma, eos_token_id=eos)
+        assert out.sequences[0].tolist() == expected.tolist(), (i, gamma, "eos")
+        assert out.sequences[0, -1] == eos and out.stats.new_tokens <= 7
+
+
+def test_all_gammas_on_one_prompt(target, close_draft):
+    expected = reference(target, PROMPTS[4], 40)
+    for gamma in range(1, 9):
+        out = speculative_generate(target, close_draft, PROMPTS[4][None], max_new_tokens=40, gamma=gamma)
+        assert out.sequences[0].tolist() == expected.tolist(), gamma
+        assert out.stats.new_tokens == 40 and sum(out.stats.tokens_per_round) == 40
+
+
+def test_identical_draft_accepts_everything(target):
+    out = speculative_generate(target, target, PROMPTS[5][None], max_new_tokens=30, gamma=4)
+    assert out.stats.alpha == 1.0 and out.stats.rejected_rounds == 0
+    assert out.stats.tokens_per_round[:5] == [5] * 5  # γ accepted + 1 bonus per round
+    assert out.token_sources[:5] == ["accepted"] * 4 + ["bonus"]
+    assert out.sequences[0].tolist() == reference(target, PROMPTS[5], 30).tolist()
+
+
+def test_prompt_lookup_and_baseline(target):
+    prompt = torch.tensor([5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6])  # repetitive: lookup proposes a lot
+    expected = reference(target, prompt, 30)
+    out = speculative_generate(target, PromptLookupDrafter(), prompt[None], max_new_tokens=30, gamma=5)
+    assert out.sequences[0].tolist() == expected.tolist()
+    assert out.stats.drafted > 0
+    base = autoregressive_generate(target, prompt[None], max_new_tokens=30)
+    assert base.sequences[0].tolist() == expected.tolist()
+
+
+def test_never_exceeds_max_new_tokens(target, close_draft):
+    for max_new in [1, 2, 3, 7]:
+        out = speculative_generate(target, close_draft, PROMPTS[3][None], max_new_tokens=max_new, gamma=5)
+        assert out.stats.new_tokens == max_new == out.sequences.shape[1] - len(PROMPTS[3]) == len(out.token_sources)
+
+
+def test_explicit_model_drafter_and_reuse(target, close_draft):
+    """A ModelDrafter object can be reused across calls: its cache resyncs with each new context."""
+    drafter = ModelDrafter(close_draft)
+    for prompt in PROMPTS[:4]:
+        out = speculative_generate(target, drafter, prompt[None], max_new_tokens=15, gamma=3)
+        assert out.sequences[0].tolist() == reference(target, prompt, 15).tolist()

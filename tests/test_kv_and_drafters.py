@@ -1,0 +1,92 @@
+"""KV-cache rollbacks, drafters, and the generation statistics."""
+
+import pytest
+import torch
+
+from specdec_edu import ModelDrafter, PromptLookupDrafter, logits_to_probs, speculative_generate
+from specdec_edu import kv
+from specdec_edu.drafters import common_prefix_length
+
+
+def full_logits(model, ids):
+    with torch.no_grad():
+        return model(ids[None]).logits[0, -1]
+
+
+def test_target_cache_after_rollback_matches_recompute(target):
+    """Feed 6 tokens, crop 4 (rejected drafts), feed 2 others: the logits equal a from-scratch pass."""
+    ids = torch.arange(10, 20)
+    cache = kv.new_cache(target)
+    with torch.no_grad():
+        kv.forward(target, ids[None, :6], cache)
+        kv.forward(target, torch.tensor([[40, 41, 42, 43]]), cache)  # 4 "draft" tokens
+        kv.crop(cache, 3)  # three rejected
+        assert kv.cache_length(cache) == 7
+        logits = kv.forward(target, torch.tensor([[44, 45]]), cache).logits[0, -1]
+    expected = full_logits(target, torch.cat([ids[:6], torch.tensor([40, 44, 45])]))
+    torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_crop_zero_is_a_no_op(target):
+    cache = kv.new_cache(target)
+    with torch.no_grad():
+        kv.forward(target, torch.tensor([[1, 2, 3]]), cache)
+    kv.crop(cache, 0)
+    assert kv.cache_length(cache) == 3
+
+
+def test_model_drafter_q_matches_recompute_after_rollbacks(draft, generator):
+    """Across rounds with rejections (contexts that diverge from what was drafted), the
+    drafter's q equals the draft model's distribution recomputed from scratch."""
+    drafter = ModelDrafter(draft)
+    to_probs = lambda logits: logits_to_probs(logits, temperature=1.0)
+    context = torch.tensor([3, 1, 4, 1, 5])
+    for round_ in range(6):
+        tokens, q = drafter.propose(context, 4, to_probs, generator)
+        for i in range(4):
+            expected = to_probs(full_logits(draft, torch.cat([context, tokens[:i]])))
+            torch.testing.assert_close(q[i], expected, rtol=1e-4, atol=1e-6)
+        keep = round_ % 5  # accept `keep` drafts, then a "corrected" token the drafter did not propose
+        context = torch.cat([context, tokens[:keep], torch.tensor([(int(tokens[min(keep, 3)]) + 1) % 64])])
+
+
+def test_reduced_head_drafter(target, close_draft, generator):
+    """A head over the first 32 of 64 ids: q is zero beyond, and greedy output is still exact."""
+    drafter = ModelDrafter(close_draft, head_size=32)
+    tokens, q = drafter.propose(torch.tensor([1, 2, 3]), 3, lambda l: logits_to_probs(l), generator)
+    assert q.shape == (3, 32) and (tokens < 32).all()
+    prompt = torch.tensor([[7, 8, 9]])
+    out = speculative_generate(target, drafter, prompt, max_new_tokens=20, gamma=3)
+    ref = target.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=20, do_sample=False, pad_token_id=0)
+    assert out.sequences.tolist() == ref.tolist()
+
+
+def test_prompt_lookup_finds_latest_match():
+    drafter = PromptLookupDrafter(max_ngram=2)
+    context = torch.tensor([1, 2, 3, 9, 9, 1, 2, 4, 5, 6, 1, 2])
+    tokens, q = drafter.propose(context, 3)
+    assert tokens.tolist() == [4, 5, 6]  # "1 2" last seen before "4 5 6"
+    assert torch.equal(q.argmax(-1), tokens) and torch.equal(q.sum(-1), torch.ones(3))
+    assert drafter.propose(torch.tensor([1, 2, 3]), 3)[0].numel() == 0  # no earlier match: no draft
+    assert drafter.propose(torch.tensor([7]), 3)[0].numel() == 0
+    with pytest.raises(ValueError, match="min_ngram"):
+        PromptLookupDrafter(max_ngram=1, min_ngram=2)
+
+
+def test_common_prefix_length():
+    assert common_prefix_length(torch.tensor([1, 2, 3]), torch.tensor([1, 2, 4, 5])) == 2
+    assert common_prefix_length(torch.tensor([1, 2]), torch.tensor([1, 2, 3])) == 2
+    assert common_prefix_length(torch.tensor([], dtype=torch.long), torch.tensor([1])) == 0
+
+
+def test_stats_are_consistent(target, close_draft, generator):
+    out = speculative_generate(target, close_draft, torch.tensor([[1, 2, 3]]), max_new_tokens=40, gamma=4, do_sample=True, generator=generator)
+    s = out.stats
+    assert s.new_tokens == 40 == sum(s.tokens_per_round) == len(out.token_sources)
+    assert s.rounds == len(s.accepted_per_round) and s.accepted == sum(s.accepted_per_round)
+    assert s.drafted == sum(s.drafted_per_round) and 0 <= s.accepted <= s.drafted
+    assert 0 < s.alpha <= 1 and s.acceptance_rate <= s.alpha
+    assert s.tau == pytest.approx(40 / s.rounds)
+    assert s.seconds >= s.draft_seconds + s.verify_seconds > 0
+    assert out.token_sources.count("accepted") == s.accepted
+    assert out.token_sources.count("corrected") == s.rejected_rounds

@@ -1,0 +1,46 @@
+import numpy as np
+import pytest
+
+from specdec_edu import alpha_from_tau, expected_speedup, expected_tokens_per_round, optimal_gamma
+
+
+def test_limits():
+    assert expected_tokens_per_round(0.0, 4) == 1.0  # every first draft rejected: only the target's token
+    assert expected_tokens_per_round(1.0, 4) == 5.0  # all accepted + bonus
+    assert expected_tokens_per_round(0.999999999, 4) == pytest.approx(5.0, rel=1e-6)
+
+
+def test_geometric_sum():
+    for alpha in [0.1, 0.5, 0.8]:
+        for gamma in [1, 3, 7]:
+            assert expected_tokens_per_round(alpha, gamma) == pytest.approx(sum(alpha**i for i in range(gamma + 1)))
+
+
+def test_source_numbers():
+    """The source's example: target 50 ms, draft 5 ms (c = 0.1), γ = 4 → a 70 ms round."""
+    c, gamma = 5 / 50, 4
+    assert 5 / (gamma * c + 1) == pytest.approx(3.57, abs=0.005)  # all accepted: 5 tokens in 70 ms vs 250 ms
+    assert expected_speedup(1.0, gamma, c) == pytest.approx(250 / 70)
+    assert expected_speedup(0.0, gamma, c) == pytest.approx(50 / 70)  # 0.71x: slower than the target alone
+
+
+def test_vectorised_and_simulated():
+    alphas = np.linspace(0, 1, 11)
+    out = expected_speedup(alphas, 4, 0.05)
+    assert out.shape == (11,) and np.all(np.diff(out) > 0)
+    rng = np.random.default_rng(0)  # Monte-Carlo: rounds with i.i.d. acceptance
+    accepted = rng.random((200_000, 4)) < 0.7
+    tokens = np.cumprod(accepted, axis=1).sum(1) + 1
+    assert tokens.mean() == pytest.approx(expected_tokens_per_round(0.7, 4), abs=0.01)
+
+
+def test_optimal_gamma_and_inverse():
+    assert optimal_gamma(0.9, 0.02) > optimal_gamma(0.5, 0.02) >= 1
+    for alpha in [0.2, 0.6, 0.95]:
+        assert alpha_from_tau(expected_tokens_per_round(alpha, 5), 5) == pytest.approx(alpha, abs=1e-8)
+
+
+@pytest.mark.parametrize("args", [(-0.1, 4, 0.1), (1.1, 4, 0.1), (0.5, -1, 0.1), (0.5, 4, -0.1)])
+def test_bad_arguments(args):
+    with pytest.raises(ValueError):
+        expected_speedup(*args)
