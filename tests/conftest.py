@@ -76,10 +76,25 @@ def generator():
     return torch.Generator().manual_seed(1234)
 
 
-def pytest_collection_modifyitems(config, items):
+def _skip_slow(items):
     if os.environ.get("SPECDEC_SLOW") == "1":
         return
     skip = pytest.mark.skip(reason="slow: set SPECDEC_SLOW=1 to run")
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+# ---- notebooks (nbval) ---------------------------------------------------------------------------
+# Cells tagged "gpu" (need CUDA), "hub" (download from the Hugging Face hub) or "colab" (install
+# cells that only run on Colab) are skipped when nbval executes the notebooks in CI.
+NOTEBOOK_SKIP_TAGS = {"gpu", "hub", "colab"}
+
+
+def pytest_collection_modifyitems(config, items):
+    _skip_slow(items)
+    for item in items:
+        cell = getattr(item, "cell", None)  # nbval's cell items carry the notebook cell
+        tags = set(getattr(cell, "metadata", {}).get("tags", [])) if cell is not None else set()
+        if tags & NOTEBOOK_SKIP_TAGS:
+            item.add_marker(pytest.mark.skip(reason=f"notebook cell tagged {sorted(tags & NOTEBOOK_SKIP_TAGS)}"))

@@ -1,0 +1,61 @@
+"""Timing helpers: how long does one forward pass take on *this* device?
+
+Decoding is memory-bound: a forward that appends n tokens to the KV cache reads
+every weight once, whatever n is, so for small n its time barely grows. These
+helpers measure that, and the draft/target cost ratio c, with medians over repeats
+(machines are noisy; one measurement is an anecdote).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from . import kv
+from .generate import _sync
+
+
+@torch.no_grad()
+def forward_seconds(model, n_new: int, context_length: int = 64, repeats: int = 5, warmup: int = 1) -> float:
+    """Median wall time of one forward that appends ``n_new`` tokens to a cache of ``context_length``.
+
+    The cache is built once; after each timed forward it is cropped back, so every
+    repeat sees the same context length.
+    """
+    vocab = model.config.vocab_size
+    gen = torch.Generator().manual_seed(0)
+    context = torch.randint(0, vocab, (1, context_length), generator=gen).to(model.device)
+    new = torch.randint(0, vocab, (1, n_new), generator=gen).to(model.device)
+    cache = kv.new_cache(model)
+    kv.forward(model, context, cache, logits_to_keep=1)
+    times = []
+    for i in range(warmup + repeats):
+        _sync(model.device)
+        start = time.perf_counter()
+        kv.forward(model, new, cache)  # all n_new positions' logits, as a verify pass needs
+        _sync(model.device)
+        if i >= warmup:
+            times.append(time.perf_counter() - start)
+        kv.crop(cache, n_new)
+    return statistics.median(times)
+
+
+def latency_curve(model, ns=(1, 2, 4, 8, 16, 32, 64), context_length: int = 64, repeats: int = 5, progress: bool = True) -> dict[int, float]:
+    """``{n: median seconds}`` for forwards appending n tokens: the memory-bound curve."""
+    from tqdm.auto import tqdm
+
+    ns = list(ns)
+    iterator = tqdm(ns, desc="forward latency", leave=False) if progress else ns
+    return {n: forward_seconds(model, n, context_length, repeats) for n in iterator}
+
+
+def cost_ratio(draft, target, context_length: int = 64, repeats: int = 7) -> float:
+    """c = (draft seconds per decode step) / (target seconds per decode step), measured here."""
+    return forward_seconds(draft, 1, context_length, repeats) / forward_seconds(target, 1, context_length, repeats)
+
+
+def parameter_bytes(model) -> int:
+    """Bytes of weights a forward pass must read (each parameter once)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
