@@ -113,17 +113,18 @@ def _max_positions(model: torch.nn.Module) -> int | None:
     return getattr(model.config, "max_position_embeddings", None)
 
 
-def _prepare(target, input_ids, max_new_tokens, do_sample, temperature, top_k, top_p, generator, eos_token_id):
-    """Validate the inputs shared by both generators; return (ids [n], to_probs, eos set)."""
+def _prepare(target, input_ids, attention_mask, max_new_tokens, do_sample, temperature, top_k, top_p, generator, eos_token_id):
+    """Validate the inputs shared by both generators; return (ids [B, n], mask [B, n], to_probs, eos set)."""
     if input_ids.dim() == 1:
         input_ids = input_ids[None]
-    if input_ids.dim() != 2 or input_ids.shape[-1] == 0:
-        raise ValueError(f"input_ids must be a non-empty [1, n] LongTensor of token ids, got shape {tuple(input_ids.shape)}")
-    if input_ids.shape[0] != 1:
-        raise ValueError(
-            f"batch size {input_ids.shape[0]}: this generator decodes one sequence at a time "
-            "(batched speculative decoding is not implemented yet); loop over your prompts."
-        )
+    if input_ids.dim() != 2 or input_ids.shape[-1] == 0 or input_ids.shape[0] == 0:
+        raise ValueError(f"input_ids must be a non-empty [batch, n] LongTensor of token ids, got shape {tuple(input_ids.shape)}")
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    elif attention_mask.shape != input_ids.shape:
+        raise ValueError(f"attention_mask {tuple(attention_mask.shape)} must have the shape of input_ids {tuple(input_ids.shape)}")
+    elif not bool(attention_mask[:, -1].all()):
+        raise ValueError("the prompts must be LEFT-padded (the last column real for every row): use tokenizer(..., padding_side='left').")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens}: ask for at least 1 new token.")
     max_pos = _max_positions(target)
@@ -143,7 +144,7 @@ def _prepare(target, input_ids, max_new_tokens, do_sample, temperature, top_k, t
         eos = {eos_token_id}
     else:
         eos = set(eos_token_id)
-    return input_ids[0].to(device), to_probs, eos
+    return input_ids.to(device), attention_mask.to(device), to_probs, eos
 
 
 def _stop_at_eos(new: torch.Tensor, eos: set[int]) -> tuple[torch.Tensor, bool]:
@@ -190,6 +191,8 @@ def speculative_generate(
     top_p=1.0,
     generator=None,
     eos_token_id=None,
+    attention_mask=None,
+    pad_token_id=0,
     accept_fn=accept_and_resample,
 ) -> GenerationResult:
     """Generate from ``target`` with drafts from ``draft``; the output has the target's distribution.
@@ -204,15 +207,27 @@ def speculative_generate(
         do_sample, temperature, top_k, top_p: as in HF ``generate``; greedy if not do_sample.
         generator: ``torch.Generator`` on the target's device, for reproducible sampling.
         eos_token_id: int or list of ints; generation stops right after it, as ``generate`` does.
+        attention_mask, pad_token_id: for a batch ``[B, n]`` of LEFT-padded prompts (see
+            ``specdec_edu.batched``); the result is then a ``BatchResult``.
         accept_fn: the verification rule; swap in a broken one from ``specdec_edu.controls``
             to watch the exactness tests fail.
     """
     if gamma < 1:
         raise ValueError(f"gamma={gamma}: draft at least 1 token per round (typical values: 3–8).")
     drafter = _as_drafter(draft, target)
+    ids, mask, to_probs, eos = _prepare(target, input_ids, attention_mask, max_new_tokens, do_sample, temperature, top_k, top_p, generator, eos_token_id)
+    if ids.shape[0] > 1:
+        if not isinstance(drafter, ModelDrafter):
+            raise ValueError("batched speculative decoding needs a draft model; run a drafter object (e.g. prompt lookup) one prompt at a time.")
+        from .batched import batched_speculative_generate
+
+        return batched_speculative_generate(
+            target, drafter.model, ids, mask, max_new_tokens=max_new_tokens, gamma=gamma, to_probs=to_probs,
+            generator=generator, eos=eos, accept_fn=accept_fn, pad_token_id=pad_token_id,
+        )
     if isinstance(drafter, ModelDrafter):
         drafter.reset()
-    seq, to_probs, eos = _prepare(target, input_ids, max_new_tokens, do_sample, temperature, top_k, top_p, generator, eos_token_id)
+    seq = ids[0][mask[0].bool()]  # one row: just drop its padding
     device, vocab_size, max_pos = seq.device, _vocab_size(target), _max_positions(target)
     prompt_length, stats, sources = len(seq), GenerationStats(), []
 
@@ -287,9 +302,18 @@ def autoregressive_generate(
     top_p=1.0,
     generator=None,
     eos_token_id=None,
+    attention_mask=None,
+    pad_token_id=0,
 ) -> GenerationResult:
     """The baseline: one target forward per token, same sampling code as ``speculative_generate``."""
-    seq, to_probs, eos = _prepare(target, input_ids, max_new_tokens, do_sample, temperature, top_k, top_p, generator, eos_token_id)
+    ids, mask, to_probs, eos = _prepare(target, input_ids, attention_mask, max_new_tokens, do_sample, temperature, top_k, top_p, generator, eos_token_id)
+    if ids.shape[0] > 1:
+        from .batched import batched_autoregressive_generate
+
+        return batched_autoregressive_generate(
+            target, ids, mask, max_new_tokens=max_new_tokens, to_probs=to_probs, generator=generator, eos=eos, pad_token_id=pad_token_id
+        )
+    seq = ids[0][mask[0].bool()]
     device, stats = seq.device, GenerationStats()
 
     start = time.perf_counter()

@@ -45,9 +45,13 @@ def test_empty_prompt(target, draft):
         autoregressive_generate(target, torch.zeros(1, 0, dtype=torch.long), max_new_tokens=3)
 
 
-def test_batch_of_two_is_refused_for_now(target, draft):
-    with pytest.raises(ValueError, match="loop over your prompts"):
-        spec(target, draft, ids=torch.tensor([[1, 2], [3, 4]]))
+def test_batch_needs_a_draft_model_and_left_padding(target, draft):
+    from specdec_edu import PromptLookupDrafter
+
+    with pytest.raises(ValueError, match="one prompt at a time"):
+        spec(target, PromptLookupDrafter(), ids=torch.tensor([[1, 2], [3, 4]]))
+    with pytest.raises(ValueError, match="padding_side='left'"):
+        spec(target, draft, ids=torch.tensor([[1, 2], [3, 4]]), attention_mask=torch.tensor([[1, 1], [1, 0]]))
 
 
 def test_prompt_longer_than_max_positions(target, draft):

@@ -1,0 +1,261 @@
+"""Side-by-side benchmark: target-only vs our speculative decoding vs Hugging Face assisted generation.
+
+Every method runs in the same process on the same prompts, interleaved (A B C A B C …)
+after a warm-up, and we report medians over repeats, so that slow drifts of a noisy
+machine hit all methods alike. Greedy decoding throughout, so every method must
+produce the same tokens (checked).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from . import kv
+from .drafters import ModelDrafter, PromptLookupDrafter
+from .generate import _sync, autoregressive_generate, speculative_generate
+from .measure import forward_seconds
+from .sampling import logits_to_probs
+from .theory import expected_speedup
+from .verify import accept_and_resample
+
+CHAT_PROMPTS = [  # open questions (not in the draft's training prompts)
+    "Why do leaves change colour in autumn? Answer in a short paragraph.",
+    "Give three tips for writing clear emails.",
+    "Explain what a hash table is to a new programmer.",
+]
+GROUNDED_PROMPTS = [  # input-grounded: the answer copies from the prompt (where prompt lookup shines)
+    "Rewrite the following paragraph in the past tense:\n\nThe library opens at nine every morning. "
+    "Students arrive early to find a quiet desk near the windows. The librarian checks the returns, "
+    "sorts the new books by subject, and answers questions at the front desk. In the afternoon the "
+    "reading room fills up, and the printers run without a break until the doors close at six.",
+    "Copy the list below and add a short description after each item:\n\n- bread\n- milk\n- apples\n- rice\n- coffee",
+]
+
+
+@dataclass
+class MethodResult:
+    name: str
+    tokens_per_second: list[float] = field(default_factory=list)  # one per repeat, all prompts together
+    outputs: list[list[int]] = field(default_factory=list)  # last repeat's new tokens per prompt
+    stats: list = field(default_factory=list)  # our GenerationStats per prompt (last repeat)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.tokens_per_second)
+
+
+def _hf_generate(target, ids, max_new_tokens, eos, **kw):
+    ids = ids.to(target.device)
+    return target.generate(
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
+        eos_token_id=eos, pad_token_id=eos if eos is not None else 0, **kw,
+    )[0, ids.shape[1]:].tolist()
+
+
+def _configure_hf_assistant(draft, gamma: int | None):
+    """HF reads the draft length from the assistant's generation_config. gamma=None restores HF's
+    out-of-the-box behaviour (up to 20 drafts, stopping early when the draft's confidence drops)."""
+    cfg = draft.generation_config
+    if gamma is None:
+        cfg.num_assistant_tokens, cfg.num_assistant_tokens_schedule, cfg.assistant_confidence_threshold = 20, "constant", 0.4
+    else:
+        cfg.num_assistant_tokens, cfg.num_assistant_tokens_schedule, cfg.assistant_confidence_threshold = gamma, "constant", 0.0
+
+
+def methods_for(target, draft, drafter: str, gamma: int, eos):
+    """{name: fn(ids, max_new_tokens) -> (new token ids, our stats or None)}."""
+    def ours_target(ids, n):
+        r = autoregressive_generate(target, ids, max_new_tokens=n, eos_token_id=eos)
+        return r.new_tokens.tolist(), r.stats
+
+    def ours_spec(d):
+        def run(ids, n):
+            r = speculative_generate(target, d, ids, max_new_tokens=n, gamma=gamma, eos_token_id=eos)
+            return r.new_tokens.tolist(), r.stats
+        return run
+
+    def hf_assisted(g):
+        def run(ids, n):
+            _configure_hf_assistant(draft, g)
+            return _hf_generate(target, ids, n, eos, assistant_model=draft), None
+        return run
+
+    methods = {"target_only": ours_target, "hf_target_only": lambda ids, n: (_hf_generate(target, ids, n, eos), None)}
+    if drafter == "model":
+        methods["speculative"] = ours_spec(ModelDrafter(draft))
+        methods["hf_assisted"] = hf_assisted(gamma)
+        methods["hf_assisted_default"] = hf_assisted(None)
+    else:
+        methods["speculative"] = ours_spec(PromptLookupDrafter())
+        methods["hf_prompt_lookup"] = lambda ids, n: (_hf_generate(target, ids, n, eos, prompt_lookup_num_tokens=gamma), None)
+    return methods
+
+
+def profile_round(target, draft, ids, gamma: int, repeats: int = 5) -> dict[str, float]:
+    """Median milliseconds of each part of one round, from the package's own pieces."""
+    drafter = draft if hasattr(draft, "propose") else ModelDrafter(draft)
+    to_probs = lambda logits: logits_to_probs(logits, temperature=0)
+    seq = ids[0].to(target.device)
+    parts = {"draft": [], "verify_forward": [], "accept_resample": [], "cache_crop": [], "python_overhead": []}
+    for _ in range(repeats):
+        if isinstance(drafter, ModelDrafter):
+            drafter.reset()
+        cache = kv.new_cache(target)
+        kv.forward(target, seq[None, :-1], cache)
+        drafter.propose(seq, gamma, to_probs, None)  # warm the drafter's cache on the prompt
+        t = [time.perf_counter()]
+        drafts, q = drafter.propose(seq, gamma, to_probs, None)
+        _sync(target.device); t.append(time.perf_counter())
+        logits = kv.forward(target, torch.cat([seq[-1:], drafts])[None], cache).logits[0]
+        _sync(target.device); t.append(time.perf_counter())
+        q = torch.nn.functional.pad(q, (0, logits.shape[-1] - q.shape[-1]))
+        n, nxt = accept_and_resample(to_probs(logits), q, drafts)
+        t.append(time.perf_counter())
+        kv.crop(cache, len(drafts) - n)
+        _sync(target.device); t.append(time.perf_counter())
+        seq2 = torch.cat([seq, drafts[:n], torch.tensor([nxt], device=seq.device)])  # bookkeeping
+        t.append(time.perf_counter())
+        del seq2
+        for key, a, b in zip(parts, t, t[1:]):
+            parts[key].append(b - a)
+    return {k: 1000 * statistics.median(v) for k, v in parts.items()}
+
+
+def run_bench(target, draft, inputs, *, eos_token_id=None, drafter="model", gamma=4, max_new_tokens=64, repeats=3, progress=True):
+    """Run every method on every prompt (``inputs``: list of ``[1, n]`` ids), interleaved.
+
+    Returns the result dictionary (tokens/s per method, α, τ, c, predictions, profile).
+    """
+    from tqdm.auto import tqdm
+
+    if drafter not in ("model", "prompt-lookup"):
+        raise ValueError(f"drafter={drafter!r}: use 'model' or 'prompt-lookup'")
+    eos = eos_token_id
+    methods = methods_for(target, draft, drafter, gamma, eos)
+    results = {name: MethodResult(name) for name in methods}
+
+    for name, fn in methods.items():  # warm-up: first calls pay for allocations and lazy init
+        fn(inputs[0], 8)
+    bar = tqdm(total=repeats * len(methods) * len(inputs), desc="bench", disable=not progress)
+    for _ in range(repeats):
+        for name, fn in methods.items():  # interleaved: A B C … within every repeat
+            tokens, seconds, outs, stats = 0, 0.0, [], []
+            for ids in inputs:
+                start = time.perf_counter()
+                out, st = fn(ids, max_new_tokens)
+                _sync(target.device)
+                seconds += time.perf_counter() - start
+                tokens += len(out)
+                outs.append(out)
+                stats.append(st)
+                bar.update()
+            results[name].tokens_per_second.append(tokens / seconds)
+            results[name].outputs, results[name].stats = outs, stats
+    bar.close()
+    return summarise(target, draft, results, drafter, gamma, inputs)
+
+
+def default_prompts(drafter: str) -> list[str]:
+    return CHAT_PROMPTS if drafter == "model" else GROUNDED_PROMPTS
+
+
+def summarise(target, draft, results, drafter, gamma, inputs):
+    spec, base = results["speculative"], results["target_only"]
+    accepted = sum(s.accepted for s in spec.stats)
+    judged = accepted + sum(s.rejected_rounds for s in spec.stats)
+    alpha = accepted / judged if judged else float("nan")
+    tau = sum(s.new_tokens for s in spec.stats) / sum(s.rounds for s in spec.stats)
+    t_target = sum(s.verify_seconds for s in base.stats) / sum(s.rounds for s in base.stats)
+    drafted = sum(s.drafted for s in spec.stats)
+    c = (sum(s.draft_seconds for s in spec.stats) / drafted) / t_target if drafted else 0.0
+    verify_cost = forward_seconds(target, gamma + 1) / forward_seconds(target, 1)
+    reference = base.outputs
+    out = {
+        "drafter": drafter,
+        "gamma": gamma,
+        "prompts": len(inputs),
+        "target_only_tok_s": base.median,
+        "speculative_tok_s": spec.median,
+        "speedup": spec.median / base.median,
+        "alpha": alpha,
+        "acceptance_rate": accepted / drafted if drafted else float("nan"),
+        "tau": tau,
+        "c": c,
+        "verify_cost": verify_cost,
+        "predicted_speedup": expected_speedup(alpha, gamma, c),
+        "predicted_speedup_measured_verify": expected_speedup(alpha, gamma, c, verify_cost),
+        "identical_outputs": {name: r.outputs == reference for name, r in results.items()},
+        "tok_s": {name: r.median for name, r in results.items()},
+        "tok_s_per_repeat": {name: r.tokens_per_second for name, r in results.items()},
+        "round_profile_ms": profile_round(target, draft if drafter == "model" else PromptLookupDrafter(), inputs[0], gamma),
+        "device": str(target.device),
+        "device_name": torch.cuda.get_device_name() if target.device.type == "cuda" else platform.processor() or platform.machine(),
+        "threads": torch.get_num_threads(),
+        "dtype": str(target.dtype).replace("torch.", ""),
+        "versions": _versions(),
+    }
+    if "hf_assisted" in results:
+        out["hf_assisted_tok_s"] = results["hf_assisted"].median
+        out["hf_assisted_default_tok_s"] = results["hf_assisted_default"].median
+        out["speculative_vs_hf_assisted"] = spec.median / results["hf_assisted"].median
+    if "hf_prompt_lookup" in results:
+        out["hf_prompt_lookup_tok_s"] = results["hf_prompt_lookup"].median
+        out["speculative_vs_hf_prompt_lookup"] = spec.median / results["hf_prompt_lookup"].median
+    return out
+
+
+def _versions():
+    import transformers
+
+    from . import __version__
+
+    return {"specdec_edu": __version__, "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version()}
+
+
+def format_table(result: dict) -> str:
+    """A Markdown table of tokens/s and ratios to target-only."""
+    base = result["target_only_tok_s"]
+    rows = ["| method | tok/s | × target-only | same tokens |", "|---|---:|---:|:---:|"]
+    for name, tps in result["tok_s"].items():
+        same = "yes" if result["identical_outputs"][name] else "NO"
+        rows.append(f"| {name} | {tps:.1f} | {tps / base:.2f} | {same} |")
+    rows.append("")
+    rows.append(
+        f"α = {result['alpha']:.3f}, τ = {result['tau']:.2f} tokens/round, c = {result['c']:.3f}, γ = {result['gamma']}; "
+        f"Leviathan prediction {result['predicted_speedup']:.2f}× "
+        f"({result['predicted_speedup_measured_verify']:.2f}× with the measured verify cost "
+        f"t(γ+1)/t(1) = {result['verify_cost']:.2f}); measured {result['speedup']:.2f}×"
+    )
+    prof = result["round_profile_ms"]
+    rows.append("one round (ms): " + ", ".join(f"{k} {v:.1f}" for k, v in prof.items()))
+    return "\n".join(rows)
+
+
+def plot_result(result: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(result["tok_s"])
+    values = [result["tok_s"][n] for n in names]
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    bars = ax.barh(names, values, color=["#888" if "target" in n else "#4a8" for n in names])
+    ax.bar_label(bars, [f"{v:.1f}" for v in values], padding=3)
+    ax.set_xlabel("tokens / second (median over repeats)")
+    ax.set_title(f"γ = {result['gamma']}, α = {result['alpha']:.2f}, c = {result['c']:.2f}, {result['device']} {result['dtype']}")
+    ax.invert_yaxis()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def save_json(result: dict, path: str) -> None:
+    with open(path, "w") as f:
+        json.dump(result, f, indent=2)

@@ -1,0 +1,70 @@
+"""Batched speculative decoding: every row must equal its batch-1 result (greedy) and the
+target's distribution (sampling)."""
+
+import pytest
+import torch
+
+from specdec_edu import autoregressive_generate, speculative_generate
+from test_greedy import PROMPTS, reference
+from test_sequence_exactness import PROMPT, SETTINGS, THRESHOLD, exact_distribution, pvalue
+
+
+def left_pad(prompts, pad=0):
+    n = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), n), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, n - len(p):], mask[i, n - len(p):] = p, 1
+    return ids, mask
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 5])
+def test_batched_greedy_equals_per_row_generate(target, close_draft, gamma):
+    """8 prompts of lengths 1–13 in one left-padded batch; each row == target.generate on that row alone."""
+    prompts = PROMPTS[:8]
+    ids, mask = left_pad(prompts)
+    out = speculative_generate(target, close_draft, ids, attention_mask=mask, max_new_tokens=20, gamma=gamma)
+    for i, p in enumerate(prompts):
+        assert out.new_tokens[i].tolist() == reference(target, p, 20)[len(p):].tolist(), (i, gamma)
+    base = autoregressive_generate(target, ids, attention_mask=mask, max_new_tokens=20)
+    assert [t.tolist() for t in base.new_tokens] == [t.tolist() for t in out.new_tokens]
+
+
+def test_batched_per_row_eos_and_limits(target, close_draft):
+    prompts = PROMPTS[8:14]
+    eos = int(reference(target, prompts[0], 20)[len(prompts[0]) + 3])  # row 0 stops within 4 tokens
+    ids, mask = left_pad(prompts)
+    out = speculative_generate(target, close_draft, ids, attention_mask=mask, max_new_tokens=20, gamma=4, eos_token_id=eos)
+    for i, p in enumerate(prompts):
+        assert out.new_tokens[i].tolist() == reference(target, p, 20, eos=eos)[len(p):].tolist(), i
+    assert len(out.new_tokens[0]) <= 4 and out.new_tokens[0][-1] == eos
+    assert out.stats.new_tokens == sum(len(t) for t in out.new_tokens)
+    assert all(len(s) == len(t) for s, t in zip(out.token_sources, out.new_tokens))
+
+
+def test_batched_sampling_follows_target(small_vocab_pair):
+    """The sequence-level χ² test (1,500 samples, level 1e-3), drawn as 30 batches of 50 rows."""
+    target, draft = small_vocab_pair
+    settings = SETTINGS[0]
+    gen = torch.Generator().manual_seed(5)
+    samples = []
+    for _ in range(30):
+        out = speculative_generate(target, draft, PROMPT.expand(50, -1), max_new_tokens=3, gamma=2, do_sample=True, generator=gen, **settings)
+        samples += [tuple(t.tolist()) for t in out.new_tokens]
+    assert pvalue(samples, exact_distribution(target, **settings)) > THRESHOLD
+
+
+def test_batched_negative_control_is_rejected(small_vocab_pair):
+    """Same batched test with the always-accept rule: must fail."""
+    from specdec_edu.controls import accept_always
+
+    target, draft = small_vocab_pair
+    settings = SETTINGS[0]
+    gen = torch.Generator().manual_seed(5)
+    samples = []
+    for _ in range(30):
+        out = speculative_generate(
+            target, draft, PROMPT.expand(50, -1), max_new_tokens=3, gamma=2, do_sample=True, generator=gen, accept_fn=accept_always, **settings
+        )
+        samples += [tuple(t.tolist()) for t in out.new_tokens]
+    assert pvalue(samples, exact_distribution(target, **settings)) < THRESHOLD

@@ -1,0 +1,28 @@
+"""The benchmark harness at a tiny size (no timing assertions: only that it runs and agrees)."""
+
+import json
+
+import torch
+
+from specdec_edu.bench import format_table, plot_result, run_bench, save_json
+
+
+def test_bench_model_drafter(tmp_path, target, close_draft):
+    inputs = [torch.tensor([[1, 2, 3, 4]]), torch.tensor([[9, 8, 7]])]
+    result = run_bench(target, close_draft, inputs, drafter="model", gamma=3, max_new_tokens=12, repeats=2, progress=False)
+    for key in ["target_only_tok_s", "speculative_tok_s", "hf_assisted_tok_s", "alpha", "tau", "c", "gamma",
+                "speedup", "predicted_speedup", "device", "dtype", "versions", "round_profile_ms"]:
+        assert key in result, key
+    assert all(result["identical_outputs"].values()), result["identical_outputs"]  # greedy: same tokens everywhere
+    assert 0 < result["alpha"] <= 1 and len(result["tok_s_per_repeat"]["speculative"]) == 2
+    save_json(result, tmp_path / "r.json")
+    assert json.loads((tmp_path / "r.json").read_text())["gamma"] == 3
+    plot_result(result, str(tmp_path / "r.png"))
+    assert (tmp_path / "r.png").stat().st_size > 0
+    assert "speculative" in format_table(result)
+
+
+def test_bench_prompt_lookup(target):
+    inputs = [torch.tensor([[5, 6, 7, 5, 6, 7, 5, 6]])]
+    result = run_bench(target, None, inputs, drafter="prompt-lookup", gamma=4, max_new_tokens=10, repeats=1, progress=False)
+    assert "hf_prompt_lookup_tok_s" in result and all(result["identical_outputs"].values())
