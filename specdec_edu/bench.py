@@ -259,3 +259,40 @@ def plot_result(result: dict, path: str) -> None:
 def save_json(result: dict, path: str) -> None:
     with open(path, "w") as f:
         json.dump(result, f, indent=2)
+
+
+# ---- command line: python -m specdec_edu bench ----------------------------------------------------
+def add_arguments(parser) -> None:
+    parser.add_argument("--pair", default="embedded", help="'embedded' (default, offline) or a hub pair: smollm2, qwen2.5")
+    parser.add_argument("--drafter", choices=["model", "prompt-lookup"], default="model")
+    parser.add_argument("--gamma", type=int, default=4, help="draft tokens per round (default 4)")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats; medians are reported")
+    parser.add_argument("--device", default=None, help="cuda, mps or cpu (default: the best available)")
+    parser.add_argument("--json", metavar="FILE", help="write the full result as JSON")
+    parser.add_argument("--plot", metavar="FILE", help="write a bar chart of tokens/s (PNG)")
+
+
+def main(args) -> int:
+    import transformers
+
+    from .embedded import chat_prompt, load_pair
+
+    transformers.utils.logging.set_verbosity_error()
+    if args.gamma < 1 or args.max_new_tokens < 1 or args.repeats < 1:
+        raise SystemExit("--gamma, --max-new-tokens and --repeats must be >= 1")
+    target, draft, tokenizer = load_pair(args.pair, device=args.device)
+    inputs = [chat_prompt(tokenizer, p, device=target.device) for p in default_prompts(args.drafter)]
+    result = run_bench(
+        target, draft, inputs, eos_token_id=tokenizer.eos_token_id, drafter=args.drafter,
+        gamma=args.gamma, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
+    )
+    result["pair"] = args.pair
+    print(format_table(result))
+    if args.json:
+        save_json(result, args.json)
+        print(f"wrote {args.json}")
+    if args.plot:
+        plot_result(result, args.plot)
+        print(f"wrote {args.plot}")
+    return 0

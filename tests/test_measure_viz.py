@@ -2,11 +2,11 @@ import torch
 
 from specdec_edu import speculative_generate
 from specdec_edu.measure import cost_ratio, forward_seconds, latency_curve, parameter_bytes
-from specdec_edu.viz import tokens_html, tokens_text
+from specdec_edu.viz import legend, mark_tokens, token_pieces, tokens_html
 
 
 class CharTokenizer:
-    def decode(self, ids):
+    def decode(self, ids, skip_special_tokens=False):
         return "".join(chr(97 + i % 26) for i in ids)
 
 
@@ -22,6 +22,8 @@ def test_token_rendering(target, close_draft):
     out = speculative_generate(target, close_draft, torch.tensor([[1, 2, 3]]), max_new_tokens=12, gamma=3)
     html = tokens_html(CharTokenizer(), out)
     assert html.count("<span title=") == 12
-    plain = tokens_text(CharTokenizer(), out, colour=False)
+    pieces = token_pieces(CharTokenizer(), out.new_tokens.tolist())
+    assert "".join(pieces) == CharTokenizer().decode(out.new_tokens.tolist())
+    plain = mark_tokens(pieces, out.token_sources, color=False)
     assert ("[" in plain) == ("accepted" in out.token_sources)
-    assert "\033[" in tokens_text(CharTokenizer(), out, colour=True)
+    assert "\033[" in mark_tokens(pieces, out.token_sources, color=True) and "\033[" in legend(True)

@@ -1,0 +1,48 @@
+"""Command line: ``python -m specdec_edu <command>`` (also installed as ``specdec-edu``).
+
+Commands:
+    demo    watch speculative decoding on the embedded model pair, with a speed summary
+    bench   measure ours against target-only and Hugging Face assisted generation (JSON, plot)
+
+Each command lives in its own module, which provides ``add_arguments(parser)`` and
+``main(args) -> int``; adding a command is one entry in :data:`COMMANDS`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+#: command name -> (module inside specdec_edu, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("demo", "speculative vs target-only decoding on the embedded pair, with marked output"),
+    "bench": ("bench", "side-by-side benchmark: target-only, ours, HF assisted generation, prompt lookup"),
+}
+
+
+def _command_module(name: str):
+    return importlib.import_module(f"specdec_edu.{COMMANDS[name][0]}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with one subparser per entry of :data:`COMMANDS`."""
+    parser = argparse.ArgumentParser(
+        prog="python -m specdec_edu",
+        description="specdec-edu: a course on speculative decoding.")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers.required = True
+    for name, (_, help_text) in COMMANDS.items():
+        sub = subparsers.add_parser(name, help=help_text, description=help_text)
+        _command_module(name).add_arguments(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv`` and run the chosen command; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    return _command_module(args.command).main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,400 @@
+"""``python -m specdec_edu demo``: watch speculative decoding work, and measure it.
+
+What the demo does, step by step:
+
+1. loads the embedded pair (target: SmolLM2-135M-Instruct, Q4_1-dequantized; draft: the tiny
+   model in ``assets/draft/``; see :mod:`specdec_edu.embedded`);
+2. warms both up (the first forward passes of a process are slow: memory allocation,
+   thread pools), so that the timings compare steady states;
+3. for each drafter, decodes the *same* prompt with the target alone and with speculative
+   decoding, alternating the two (best of ``repeats`` runs each), so that both see the same
+   machine conditions;
+4. prints the speculative output with every token marked by where it came from:
+
+   * ``[accepted]``: proposed by the drafter and accepted by the target,
+   * ``{corrected}``: the target rejected a draft and put this token in its place,
+   * ``<bonus>``: every draft of the round was accepted, and the verification pass gave
+     this extra token for free;
+   * unmarked: decoded by the target alone, because the drafter had nothing to propose
+     (prompt lookup finds no earlier match of the last n-gram);
+
+5. prints a summary: speed of both, the measured speedup, and the quantities of Leviathan
+   et al.'s analysis: α (acceptance rate), τ (tokens per target forward pass), c (cost of
+   one draft token relative to one target decoding step) and the predicted speedup
+   ``(1 − α^(γ+1)) / ((1 − α)(γc + 1))``.
+
+Two drafters are compared by default:
+
+* **model**: the tiny draft model; a general-purpose guesser, asked an open question.
+* **prompt lookup**: no model at all; it proposes the tokens that followed the last
+  occurrence of the current n-gram earlier in the context. It shines when the answer
+  copies from the input, so by default it gets a "rewrite this paragraph" prompt.
+
+With greedy decoding (the default) speculative decoding must produce *exactly* the target's
+own output; the demo checks that token for token and prints ``identical: yes``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import TextIO
+
+import torch
+
+from .viz import ANSI, ANSI_RESET, legend, mark_tokens, token_pieces  # noqa: F401 (ANSI*: re-exported for tests)
+
+DRAFTER_LABELS = {"model": "model draft", "prompt-lookup": "prompt lookup"}
+
+#: The model draft's default prompt: an open question, not one of the draft's training prompts.
+DEFAULT_OPEN_PROMPT = "Why do cats purr, and what does it mean when they do? Answer in a short paragraph."
+
+#: Prompt lookup's default prompt: the answer should copy long stretches of the input.
+DEFAULT_REWRITE_PROMPT = (
+    "Rewrite the following paragraph, fixing the spelling mistakes and keeping everything "
+    "else the same:\n\n"
+    "The Eiffel Tower was bulit in Paris for the World's Fair of 1889. Its desginer, the "
+    "engineer Gustave Eiffel, used more than eighteen thousand iron parts and two and a half "
+    "million rivets. Many artists of the time called the tower ugly and asked for it to be "
+    "taken down. It was saved because it was useful as a radio antenna. Today it is one of "
+    "the most visited monuments in the world."
+)
+
+
+@dataclass
+class DemoSettings:
+    """The knobs of one demo run (the command-line flags, minus model loading)."""
+
+    prompt: str | None = None
+    gamma: int = 4
+    max_new_tokens: int = 64
+    sample: bool = False
+    temperature: float = 1.0
+    seed: int = 0
+    drafters: tuple[str, ...] = ("model", "prompt-lookup")
+    color: bool = False
+    repeats: int = 2
+
+
+@dataclass
+class DrafterReport:
+    """Everything measured for one drafter: the two runs and the derived quantities."""
+
+    drafter: str
+    prompt: str
+    baseline: object  # autoregressive_generate's result (target only)
+    speculative: object  # speculative_generate's result
+    new_tokens: list[int] = field(default_factory=list)
+    identical: bool | None = None  # None when sampling (outputs are different draws)
+    first_difference: int | None = None
+    speedup: float = float("nan")
+    c: float = float("nan")
+    verify_cost: float = float("nan")
+    predicted: float = float("nan")
+    predicted_with_verify_cost: float = float("nan")
+
+
+# --------------------------------------------------------------------------------------
+# Running the two decoders
+# --------------------------------------------------------------------------------------
+def make_drafter(kind: str, draft_model):
+    """Build the drafter object for ``kind`` ("model" or "prompt-lookup")."""
+    from . import ModelDrafter, PromptLookupDrafter
+
+    if kind == "model":
+        if draft_model is None:
+            raise ValueError("the model drafter needs a draft model")
+        return ModelDrafter(draft_model)
+    if kind == "prompt-lookup":
+        return PromptLookupDrafter(max_ngram=3)
+    raise ValueError(f"unknown drafter {kind!r}; choose one of {sorted(DRAFTER_LABELS)}")
+
+
+def default_prompt(kind: str) -> str:
+    """The default prompt for a drafter: copy-heavy for prompt lookup, open for a model."""
+    return DEFAULT_REWRITE_PROMPT if kind == "prompt-lookup" else DEFAULT_OPEN_PROMPT
+
+
+def _sampling_kwargs(settings: DemoSettings, device) -> dict:
+    """Arguments shared by both decoders; a fresh, equally seeded generator for every run."""
+    generator = None
+    if settings.sample:
+        generator = torch.Generator(device=torch.device(device).type).manual_seed(settings.seed)
+    return dict(
+        max_new_tokens=settings.max_new_tokens,
+        do_sample=settings.sample,
+        temperature=settings.temperature,
+        generator=generator,
+    )
+
+
+def run_both(target, draft_model, kind, input_ids, settings, eos_token_id):
+    """Decode ``input_ids`` target-only and speculatively, alternating, best of ``repeats``.
+
+    Returns ``(baseline, speculative)``: for each, the run with the shortest wall time
+    (the one least disturbed by whatever else the machine was doing). Every run gets a
+    fresh drafter, so that none reuses another's draft KV cache.
+    """
+    from . import autoregressive_generate, speculative_generate
+
+    baselines, speculatives = [], []
+    for _ in range(max(1, settings.repeats)):
+        baselines.append(autoregressive_generate(
+            target, input_ids, eos_token_id=eos_token_id,
+            **_sampling_kwargs(settings, target.device)))
+        speculatives.append(speculative_generate(
+            target, make_drafter(kind, draft_model), input_ids, gamma=settings.gamma,
+            eos_token_id=eos_token_id, **_sampling_kwargs(settings, target.device)))
+    fastest = lambda runs: min(runs, key=lambda r: r.stats.seconds)  # noqa: E731
+    return fastest(baselines), fastest(speculatives)
+
+
+def warm_up(target, draft_model, kinds, input_ids, settings, eos_token_id) -> None:
+    """A few tokens through every code path, so that one-off start-up costs are not timed."""
+    short = dataclasses.replace(settings, max_new_tokens=4, repeats=1)
+    for kind in kinds:
+        run_both(target, draft_model, kind, input_ids, short, eos_token_id)
+
+
+# --------------------------------------------------------------------------------------
+# From two runs to the numbers of the analysis
+# --------------------------------------------------------------------------------------
+def target_step_seconds(baseline) -> float:
+    """Seconds of one target-only decoding step (one forward, one token; prefill excluded)."""
+    stats = baseline.stats
+    if stats.rounds:
+        return stats.verify_seconds / stats.rounds
+    return stats.seconds / max(1, stats.new_tokens)
+
+
+def first_difference(a: torch.Tensor, b: torch.Tensor) -> int | None:
+    """Index of the first position where two 1-D token sequences differ (``None``: identical)."""
+    n = min(len(a), len(b))
+    diff = (a[:n] != b[:n]).nonzero()
+    if len(diff):
+        return int(diff[0])
+    return None if len(a) == len(b) else n
+
+
+def analyse(kind, prompt, input_ids, baseline, speculative, settings) -> DrafterReport:
+    """Derive speedup, c, verify cost and the predicted speedups from the two runs.
+
+    * c = (draft seconds per drafted token) / (seconds per target-only decoding step):
+      what one guess costs in units of one ordinary decoding step.
+    * verify cost = (seconds per verification pass) / (seconds per target-only step).
+      Leviathan et al. assume 1: checking γ+1 tokens costs as much as decoding one, true
+      on a GPU while decoding is memory-bound. On a CPU it is noticeably more than 1.
+    """
+    from . import expected_speedup
+
+    stats, gamma = speculative.stats, settings.gamma
+    n_prompt = input_ids.shape[-1]
+    report = DrafterReport(kind, prompt, baseline, speculative,
+                           new_tokens=speculative.sequences[0, n_prompt:].tolist())
+    report.speedup = stats.tokens_per_second / baseline.stats.tokens_per_second
+    step = target_step_seconds(baseline)
+    if stats.drafted:
+        report.c = stats.draft_seconds / stats.drafted / step
+    if stats.rounds:
+        report.verify_cost = stats.verify_seconds / stats.rounds / step
+    if stats.drafted and report.c == report.c:  # c is not NaN
+        alpha = float(stats.alpha)
+        report.predicted = expected_speedup(alpha, gamma, report.c)
+        report.predicted_with_verify_cost = expected_speedup(
+            alpha, gamma, report.c, verify_cost=report.verify_cost)
+    if not settings.sample:
+        report.first_difference = first_difference(
+            speculative.sequences[0], baseline.sequences[0])
+        report.identical = report.first_difference is None
+    return report
+
+
+def compare_drafter(target, draft_model, tokenizer, kind, settings) -> DrafterReport:
+    """Run target-only and speculative decoding for one drafter and analyse the pair."""
+    from .embedded import chat_prompt
+
+    prompt = settings.prompt or default_prompt(kind)
+    input_ids = chat_prompt(tokenizer, prompt, device=target.device)
+    eos = tokenizer.eos_token_id
+    baseline, speculative = run_both(target, draft_model, kind, input_ids, settings, eos)
+    return analyse(kind, prompt, input_ids, baseline, speculative, settings)
+
+
+# --------------------------------------------------------------------------------------
+# Printing
+# --------------------------------------------------------------------------------------
+def _fmt(x, spec: str = ".2f", suffix: str = "") -> str:
+    if x is None or (isinstance(x, float) and x != x):
+        return "n/a"
+    return f"{x:{spec}}{suffix}"
+
+
+def _identical_text(report: DrafterReport) -> str:
+    if report.identical is None:
+        return "n/a (sampling)"
+    if report.identical:
+        return "yes"
+    return f"NO, from token {report.first_difference}"
+
+
+def summary_rows(reports: list[DrafterReport], gamma: int) -> list[tuple[str, list[str]]]:
+    """The summary table as (row label, one cell per drafter) pairs."""
+    def row(label, get):
+        return (label, [get(r) for r in reports])
+
+    return [
+        row("target-only tokens/s", lambda r: _fmt(r.baseline.stats.tokens_per_second, ".1f")),
+        row("speculative tokens/s", lambda r: _fmt(r.speculative.stats.tokens_per_second, ".1f")),
+        row("measured speedup", lambda r: _fmt(r.speedup, ".2f", "x")),
+        row("α  acceptance rate", lambda r: _fmt(_float(r.speculative.stats.alpha))),
+        row("τ  tokens per target forward", lambda r: _fmt(_float(r.speculative.stats.tau))),
+        row("c  draft token / target step", lambda r: _fmt(r.c, ".3f")),
+        row(f"predicted speedup (γ={gamma})", lambda r: _fmt(r.predicted, ".2f", "x")),
+        row("verify cost / target step", lambda r: _fmt(r.verify_cost)),
+        row("predicted, with that cost", lambda r: _fmt(r.predicted_with_verify_cost, ".2f", "x")),
+        row("identical to target-only", _identical_text),
+    ]
+
+
+def _float(x):
+    return None if x is None else float(x)
+
+
+def format_table(reports: list[DrafterReport], gamma: int) -> str:
+    """Render :func:`summary_rows` as aligned text, one column per drafter."""
+    header = ("", [DRAFTER_LABELS[r.drafter] for r in reports])
+    rows = [header] + summary_rows(reports, gamma)
+    w0 = max(len(label) for label, _ in rows)
+    widths = [max(len(cells[i]) for _, cells in rows) for i in range(len(reports))]
+    lines = ["  ".join([label.ljust(w0)] + [c.rjust(w) for c, w in zip(cells, widths)])
+             for label, cells in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    return "\n".join(lines)
+
+
+def print_report(report: DrafterReport, tokenizer, settings: DemoSettings, out: TextIO) -> None:
+    """Print one drafter's prompt and marked output."""
+    stats = report.speculative.stats
+    print(f"\n=== {DRAFTER_LABELS[report.drafter]} (γ={settings.gamma}) ===", file=out)
+    print(f"prompt: {_shorten(report.prompt)}", file=out)
+    pieces = token_pieces(tokenizer, report.new_tokens)
+    print(mark_tokens(pieces, list(report.speculative.token_sources), settings.color), file=out)
+    print(f"({stats.new_tokens} tokens in {stats.rounds} target forward passes; "
+          f"{stats.accepted} of {stats.drafted} drafts accepted)", file=out)
+
+
+def _shorten(text: str, limit: int = 160) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def print_summary(reports: list[DrafterReport], settings: DemoSettings, out: TextIO) -> None:
+    """Print the table and the one-line explanations that go with it."""
+    mode = f"sampling, T={settings.temperature}, seed {settings.seed}" if settings.sample else "greedy"
+    runs = "one run each" if settings.repeats <= 1 else f"best of {settings.repeats} runs each"
+    print(f"\n=== summary ({mode}, {runs}) ===", file=out)
+    print(format_table(reports, settings.gamma), file=out)
+    print("predicted speedup: Leviathan et al., (1 − α^(γ+1)) / ((1 − α)(γc + 1)), which "
+          "assumes a verify pass costs one target step;\n'with that cost' replaces the 1 "
+          "by the measured verify cost (on a CPU, checking γ+1 tokens costs more than one).",
+          file=out)
+
+
+# --------------------------------------------------------------------------------------
+# Entry points
+# --------------------------------------------------------------------------------------
+def run_demo(target, draft_model, tokenizer, settings: DemoSettings | None = None,
+             out: TextIO | None = None) -> list[DrafterReport]:
+    """Run the whole demo on given models and print it; returns one report per drafter.
+
+    ``draft_model`` may be ``None`` when only the prompt-lookup drafter is used. This
+    function does no model loading, so tests can call it with tiny random models.
+    """
+    settings = settings or DemoSettings()
+    out = out or sys.stdout
+    from .embedded import chat_prompt
+
+    warm_ids = chat_prompt(tokenizer, "Hello!", device=target.device)
+    warm_up(target, draft_model, settings.drafters, warm_ids, settings, tokenizer.eos_token_id)
+    reports = [compare_drafter(target, draft_model, tokenizer, kind, settings)
+               for kind in settings.drafters]
+    print(legend(settings.color), file=out)
+    for report in reports:
+        print_report(report, tokenizer, settings, out)
+    print_summary(reports, settings, out)
+    return reports
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``demo`` subcommand's flags."""
+    parser.add_argument("--prompt", default=None,
+                        help="your own prompt (default: one suited to each drafter)")
+    parser.add_argument("--gamma", type=int, default=4, help="draft tokens per round (default 4)")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--sample", action="store_true",
+                        help="sample instead of greedy decoding: speculative and target-only outputs are "
+                             "then different draws from the same distribution")
+    parser.add_argument("--temperature", type=float, default=1.0, help="with --sample")
+    parser.add_argument("--seed", type=int, default=0, help="with --sample")
+    parser.add_argument("--drafter", choices=["model", "prompt-lookup", "both"], default="both")
+    parser.add_argument("--repeats", type=int, default=2,
+                        help="timed runs per decoder; the fastest counts (default 2)")
+    parser.add_argument("--device", default=None, help="cuda, mps or cpu (default: best available)")
+    parser.add_argument("--no-color", action="store_true", help="plain-text markers, no ANSI colour")
+
+
+def settings_from_args(args: argparse.Namespace, out: TextIO) -> DemoSettings:
+    """Turn parsed flags into :class:`DemoSettings`."""
+    drafters = ("model", "prompt-lookup") if args.drafter == "both" else (args.drafter,)
+    # Colour only for a terminal, and never if the user asked not to (--no-color, or the
+    # NO_COLOR environment variable, a convention many command-line tools follow).
+    color = (not args.no_color and "NO_COLOR" not in os.environ
+             and hasattr(out, "isatty") and out.isatty())
+    return DemoSettings(prompt=args.prompt, gamma=args.gamma, max_new_tokens=args.max_new_tokens,
+                        sample=args.sample, temperature=args.temperature, seed=args.seed,
+                        drafters=drafters, color=color, repeats=args.repeats)
+
+
+def load_models(settings: DemoSettings, device=None):
+    """Load the embedded target, tokenizer and (if a drafter needs it) the draft model.
+
+    If the draft model is missing but prompt lookup can still run (``--drafter both``),
+    carry on without it and say so, rather than fail.
+    """
+    from .embedded import EmbeddedModelError, load_embedded_draft, load_embedded_target
+    from .embedded import default_device, load_embedded_tokenizer
+
+    device = torch.device(device) if device is not None else default_device()
+    target = load_embedded_target(device)
+    tokenizer = load_embedded_tokenizer()
+    draft = None
+    if "model" in settings.drafters:
+        try:
+            draft = load_embedded_draft(device)
+        except EmbeddedModelError as exc:
+            if settings.drafters == ("model",):
+                raise
+            print(f"note: {exc}\nnote: continuing with prompt lookup only.", file=sys.stderr)
+            settings.drafters = tuple(d for d in settings.drafters if d != "model")
+    return target, draft, tokenizer
+
+
+def main(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    """``python -m specdec_edu demo``: load the embedded pair and run :func:`run_demo`."""
+    from .embedded import EmbeddedModelError
+
+    out = out or sys.stdout
+    settings = settings_from_args(args, out)
+    print("loading the embedded pair ...", file=sys.stderr, flush=True)
+    try:
+        target, draft, tokenizer = load_models(settings, args.device)
+    except EmbeddedModelError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"running on {target.device}: warm-up, then target-only and speculative decoding "
+          "alternately ...", file=sys.stderr, flush=True)
+    run_demo(target, draft, tokenizer, settings, out)
+    return 0

@@ -1,0 +1,129 @@
+"""The widget notebooks as a learner meets them: JupyterLab in a real (headless) browser.
+
+Starts JupyterLab on loopback (token auth, a random free port), drives Debian's Chromium with
+Playwright (no browser download: ``apt-get install chromium``; ``pip install playwright``),
+runs every cell of notebooks 03 and 04, moves a slider, and checks that the widget's value,
+its printed acceptance numbers and its plot all change. Screenshots go to ``assets/screenshots/``.
+
+Run with ``pytest -m browser`` (deselected by default: it needs Chromium and takes ~2–4 min).
+"""
+
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.browser
+REPO = Path(__file__).resolve().parent.parent
+SHOTS = REPO / "assets" / "screenshots"
+CHROMIUM_ARGS = [  # a closed network: no background connections, no sandbox as root
+    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """A JupyterLab server on 127.0.0.1 serving the repository; yields (base_url, token)."""
+    port, token = _free_port(), secrets.token_hex(16)
+    log = open(tmp_path_factory.mktemp("lab") / "lab.log", "w")
+    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp_path_factory.mktemp("jupyter-config")))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={REPO}", "--LabApp.news_url=",
+         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate", "--allow-root"],
+        stdout=log, stderr=subprocess.STDOUT, env=env,
+    )
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(120):
+        try:
+            urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
+            break
+        except OSError:
+            time.sleep(0.5)
+    else:
+        proc.kill()
+        pytest.fail("JupyterLab did not start; see " + log.name)
+    yield base, token
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def page():
+    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("Chromium not found: apt-get install chromium")
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS, headless=True)
+        yield browser.new_page(viewport={"width": 1400, "height": 1100})
+        browser.close()
+
+
+def run_all_cells(page, base, token, notebook):
+    page.goto(f"{base}/lab/tree/notebooks/{notebook}?token={token}")
+    page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=120_000)
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
+    page.click(".lm-MenuBar-itemLabel:text-is('Run')")
+    page.click(".lm-Menu-item[data-command='notebook:run-all-cells']")
+    # The kernel goes busy, then idle again when the last cell has run.
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='busy']", timeout=30_000)
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=300_000)
+    errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']:has-text('Traceback')")
+    assert errors.count() == 0, errors.first.inner_text()
+
+
+def widget_snapshot(widget):
+    """What the learner sees of one widget: slider readouts, its text, the plot's pixels."""
+    img = widget.locator("img").first
+    return {
+        "readouts": widget.locator(".widget-readout").all_inner_texts(),
+        "text": " ".join(widget.locator(".widget-html-content").all_inner_texts()),
+        "image": img.get_attribute("src") if img.count() else None,
+    }
+
+
+def move_slider_and_check(page, widget, key, presses):
+    before = widget_snapshot(widget)
+    handle = widget.locator(".noUi-handle").first
+    handle.focus()
+    for _ in range(presses):
+        page.keyboard.press(key)
+    page.wait_for_timeout(300)
+    handle.blur()  # continuous_update=False: the value is sent on release
+    page.wait_for_function(
+        "([el, src]) => { const i = el.querySelector('img'); return i && i.getAttribute('src') !== src; }",
+        arg=[widget.element_handle(), before["image"]], timeout=60_000,
+    )
+    after = widget_snapshot(widget)
+    assert after["readouts"] != before["readouts"], "slider value did not change"
+    assert after["image"] != before["image"], "plot did not redraw"
+    assert after["text"] != before["text"], "printed numbers did not change"
+    return before, after
+
+
+@pytest.mark.parametrize("notebook, slider_key", [("03_accept_rule.ipynb", "ArrowLeft"), ("04_corrected_distribution.ipynb", "ArrowRight")])
+def test_widget_notebook_in_browser(lab, page, notebook, slider_key):
+    base, token = lab
+    run_all_cells(page, base, token, notebook)
+    widget = page.locator(".jp-OutputArea-output .widget-vbox").first
+    widget.scroll_into_view_if_needed()
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    widget.screenshot(path=str(SHOTS / f"{notebook[:2]}_widget_before.png"))
+    before, after = move_slider_and_check(page, widget, slider_key, presses=15)
+    widget.screenshot(path=str(SHOTS / f"{notebook[:2]}_widget_after.png"))
+    print(notebook, "readouts", before["readouts"], "->", after["readouts"], "|", before["text"][:80], "->", after["text"][:80])

@@ -1,0 +1,144 @@
+"""Tests for ``python -m specdec_edu demo``.
+
+The demo logic (:func:`specdec_edu.demo.run_demo`) takes models as arguments, so most tests
+run it on tiny random models with a character-level tokenizer: seconds, no downloads.
+"""
+
+from __future__ import annotations
+
+import io
+import string
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from specdec_edu import demo
+from specdec_edu.__main__ import build_parser, main
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def char_tokenizer():
+    """One token per printable character, plus ChatML-style special tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {"<unk>": 0, "<|im_start|>": 1, "<|im_end|>": 2}
+    for ch in string.printable:
+        vocab.setdefault(ch, len(vocab))
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    backend.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>",
+                                        bos_token="<|im_start|>", eos_token="<|im_end|>")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def _tiny(vocab_size, seed, layers):
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=1,
+                         max_position_embeddings=1024)
+    return LlamaForCausalLM(config).eval().requires_grad_(False)
+
+
+@pytest.fixture(scope="module")
+def tiny_pair(char_tokenizer):
+    vocab = len(char_tokenizer)
+    return _tiny(vocab, seed=0, layers=2), _tiny(vocab, seed=1, layers=1)
+
+
+SUMMARY_ROWS = ["target-only tokens/s", "speculative tokens/s", "measured speedup",
+                "α  acceptance rate", "τ  tokens per target forward", "c  draft token / target step",
+                "predicted speedup", "identical to target-only"]
+
+
+def run_tiny(tiny_pair, tokenizer, **overrides):
+    target, draft = tiny_pair
+    settings = demo.DemoSettings(max_new_tokens=12, repeats=1, **overrides)
+    out = io.StringIO()
+    reports = demo.run_demo(target, draft, tokenizer, settings, out)
+    return reports, out.getvalue()
+
+
+def test_demo_on_tiny_models_prints_marked_text_and_summary(tiny_pair, char_tokenizer):
+    reports, text = run_tiny(tiny_pair, char_tokenizer, prompt="abcabcabc")
+    assert [r.drafter for r in reports] == ["model", "prompt-lookup"]
+    for row in SUMMARY_ROWS:
+        assert row in text
+    assert "legend:" in text and "[draft token accepted]" in text
+    assert "\033[" not in text  # not a tty: plain markers, no colour codes
+    for r in reports:
+        assert r.identical is True  # greedy speculative == target-only, token for token
+        assert r.speedup > 0 and r.c >= 0 and r.predicted > 0
+        assert len(r.speculative.token_sources) == len(r.new_tokens) == r.speculative.stats.new_tokens
+    assert "yes" in text.split("identical to target-only")[1]
+
+
+def test_demo_with_sampling_reports_no_identity_claim(tiny_pair, char_tokenizer):
+    reports, text = run_tiny(tiny_pair, char_tokenizer, sample=True, seed=3,
+                             drafters=("model",))
+    assert reports[0].identical is None
+    assert "n/a (sampling)" in text and "sampling, T=1.0, seed 3" in text
+
+
+def test_prompt_lookup_needs_no_draft_model(tiny_pair, char_tokenizer):
+    target, _ = tiny_pair
+    settings = demo.DemoSettings(max_new_tokens=8, repeats=1, drafters=("prompt-lookup",))
+    reports = demo.run_demo(target, None, char_tokenizer, settings, io.StringIO())
+    assert reports[0].prompt == demo.DEFAULT_REWRITE_PROMPT
+
+
+def test_mark_tokens_groups_runs_and_colours():
+    pieces = ["The", " cat", " sat", "."]
+    sources = ["accepted", "accepted", "corrected", "bonus"]
+    assert demo.mark_tokens(pieces, sources, color=False) == "[The cat]{ sat}<.>"
+    coloured = demo.mark_tokens(pieces, sources, color=True)
+    assert coloured.startswith(demo.ANSI["accepted"] + "The cat" + demo.ANSI_RESET)
+    assert demo.mark_tokens(["a"], ["target"], color=False) == "a"
+
+
+def test_token_pieces_rebuild_the_text(char_tokenizer):
+    ids = char_tokenizer("héllo wörld")["input_ids"]
+    pieces = demo.token_pieces(char_tokenizer, ids)
+    assert "".join(pieces) == char_tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def test_first_difference():
+    a = torch.tensor([1, 2, 3])
+    assert demo.first_difference(a, torch.tensor([1, 2, 3])) is None
+    assert demo.first_difference(a, torch.tensor([1, 5, 3])) == 1
+    assert demo.first_difference(a, torch.tensor([1, 2])) == 2
+
+
+def test_cli_parses_demo_flags():
+    args = build_parser().parse_args(
+        ["demo", "--gamma", "3", "--max-new-tokens", "5", "--sample", "--temperature", "0.7",
+         "--seed", "1", "--drafter", "prompt-lookup", "--no-color", "--device", "cpu"])
+    settings = demo.settings_from_args(args, io.StringIO())
+    assert settings.gamma == 3 and settings.max_new_tokens == 5 and settings.sample
+    assert settings.temperature == 0.7 and settings.drafters == ("prompt-lookup",)
+    assert not settings.color
+    assert demo.settings_from_args(build_parser().parse_args(["demo"]), io.StringIO()).drafters == (
+        "model", "prompt-lookup")
+
+
+def test_cli_requires_a_command(capsys):
+    with pytest.raises(SystemExit):
+        main([])
+
+
+@pytest.mark.embedded
+def test_real_demo_on_the_embedded_pair(capsys):
+    assert main(["demo", "--max-new-tokens", "12", "--repeats", "1", "--no-color",
+                 "--device", "cpu"]) == 0
+    text = capsys.readouterr().out
+    for row in SUMMARY_ROWS:
+        assert row in text
+    assert "NO, from token" not in text
+    assert "prompt lookup" in text

