@@ -42,16 +42,23 @@ def test_batched_per_row_eos_and_limits(target, close_draft):
     assert all(len(s) == len(t) for s, t in zip(out.token_sources, out.new_tokens))
 
 
-def test_batched_sampling_follows_target(small_vocab_pair):
-    """The sequence-level χ² test (1,500 samples, level 1e-3), drawn as 30 batches of 50 rows."""
-    target, draft = small_vocab_pair
-    settings = SETTINGS[0]
+def batched_samples(target, draft, settings, **kwargs):
+    """1,500 three-token continuations drawn as 30 batches of 50 rows (seed 5)."""
     gen = torch.Generator().manual_seed(5)
     samples = []
     for _ in range(30):
-        out = speculative_generate(target, draft, PROMPT.expand(50, -1), max_new_tokens=3, gamma=2, do_sample=True, generator=gen, **settings)
+        out = speculative_generate(
+            target, draft, PROMPT.expand(50, -1), max_new_tokens=3, gamma=2, do_sample=True, generator=gen, **settings, **kwargs
+        )
         samples += [tuple(t.tolist()) for t in out.new_tokens]
-    assert pvalue(samples, exact_distribution(target, **settings)) > THRESHOLD
+    return samples
+
+
+def test_batched_sampling_follows_target(small_vocab_pair):
+    """The sequence-level χ² test (1,500 samples, level 1e-3), drawn in batches."""
+    target, draft = small_vocab_pair
+    settings = SETTINGS[0]
+    assert pvalue(batched_samples(target, draft, settings), exact_distribution(target, **settings)) > THRESHOLD
 
 
 def test_batched_negative_control_is_rejected(small_vocab_pair):
@@ -60,11 +67,5 @@ def test_batched_negative_control_is_rejected(small_vocab_pair):
 
     target, draft = small_vocab_pair
     settings = SETTINGS[0]
-    gen = torch.Generator().manual_seed(5)
-    samples = []
-    for _ in range(30):
-        out = speculative_generate(
-            target, draft, PROMPT.expand(50, -1), max_new_tokens=3, gamma=2, do_sample=True, generator=gen, accept_fn=accept_always, **settings
-        )
-        samples += [tuple(t.tolist()) for t in out.new_tokens]
+    samples = batched_samples(target, draft, settings, accept_fn=accept_always)
     assert pvalue(samples, exact_distribution(target, **settings)) < THRESHOLD
