@@ -131,8 +131,11 @@ def embedded_target_dir() -> Path:
 
 
 def draft_dir() -> Path:
-    """The repository's ``assets/draft/`` directory, holding the embedded draft model."""
-    return Path(__file__).resolve().parent.parent / "assets" / "draft"
+    """The embedded draft model's directory: the repository's ``assets/draft/`` (editable
+    installs, a clone) or the copy a regular install puts in ``<prefix>/share/specdec-edu/draft``."""
+    in_repo = Path(__file__).resolve().parent.parent / "assets" / "draft"
+    installed = Path(sys.prefix) / "share" / "specdec-edu" / "draft"
+    return in_repo if _is_complete_checkpoint(in_repo) or not _is_complete_checkpoint(installed) else installed
 
 
 def _is_complete_checkpoint(path: Path) -> bool:

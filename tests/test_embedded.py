@@ -256,3 +256,17 @@ def test_embedded_pair_loads_and_shares_the_vocabulary():
     assert len(tokenizer) <= target.config.vocab_size
     for model in (target, draft):
         assert not model.training and not any(p.requires_grad for p in model.parameters())
+
+
+def test_draft_dir_falls_back_to_installed_copy(tmp_path, monkeypatch):
+    """A regular (non-editable) install finds the draft under <prefix>/share/specdec-edu/draft."""
+    from specdec_edu import embedded
+
+    installed = tmp_path / "share" / "specdec-edu" / "draft"
+    installed.mkdir(parents=True)
+    (installed / "config.json").write_text("{}")
+    (installed / "model.safetensors").write_bytes(b"")
+    monkeypatch.setattr(embedded.sys, "prefix", str(tmp_path))
+    real = embedded._is_complete_checkpoint
+    monkeypatch.setattr(embedded, "_is_complete_checkpoint", lambda p: real(p) and "assets" not in p.parts)
+    assert embedded.draft_dir() == installed

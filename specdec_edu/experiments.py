@@ -1,0 +1,235 @@
+"""Experiment helpers for notebooks 06–10: drafters built for controlled experiments, a
+dynamic-γ wrapper, an interleaved benchmark and batched target-only throughput.
+
+Every drafter here speaks the protocol of :mod:`specdec_edu.drafters`::
+
+    propose(context, gamma, to_probs, generator) -> (tokens [γ'], q [γ', V'])
+
+so ``speculative_generate`` stays exact with any of them: whatever q a drafter
+reports, the accept/resample rule turns it into the target's distribution. The
+drafters only change *how often* drafts are accepted and how much drafting costs.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from typing import Callable
+
+import torch
+
+from .drafters import ModelDrafter, common_prefix_length
+from .sampling import sample
+
+__all__ = [
+    "MixtureDrafter",
+    "ReplayDrafter",
+    "DynamicGammaDrafter",
+    "early_exit_model",
+    "interleaved_benchmark",
+    "batched_throughput",
+]
+
+
+def _mix(probs: torch.Tensor, noise: float) -> torch.Tensor:
+    """``(1 − noise)·probs + noise·uniform`` over the last axis."""
+    return (1 - noise) * probs + noise / probs.shape[-1]
+
+
+class MixtureDrafter:
+    """A drafter whose agreement with the target is a dial: q = (1 − noise)·p_model + noise·uniform.
+
+    ``model`` is usually the *target itself*, so ``noise = 0`` drafts exactly p
+    (α = 1) and ``noise = 1`` drafts uniformly random tokens (α ≈ 0). In between,
+    the expected acceptance at each position is Σ min(p, q) = 1 − noise·TV(p, uniform);
+    for greedy decoding (p one-hot) that is 1 − noise + noise/V ≈ 1 − noise.
+
+    Drafting costs one forward of ``model`` per token (with a KV cache), so with the
+    target as ``model`` the draft is as expensive as the target: use it to study α,
+    and :class:`ReplayDrafter` to study wall-clock time.
+    """
+
+    def __init__(self, model: torch.nn.Module, noise: float):
+        if not 0 <= noise <= 1:
+            raise ValueError(f"noise={noise} must lie in [0, 1]")
+        self.noise = noise
+        self._inner = ModelDrafter(model)
+
+    def reset(self) -> None:
+        self._inner.reset()
+
+    def propose(self, context, gamma, to_probs, generator=None):
+        # The model drafter samples from whatever ``to_probs`` returns: hand it the mixture.
+        mixed = lambda logits: _mix(to_probs(logits), self.noise)
+        return self._inner.propose(context, gamma, mixed, generator)
+
+
+class ReplayDrafter:
+    """A nearly free dial-α drafter for *greedy* decoding, with an optional simulated cost.
+
+    ``reference`` is the target's own greedy output for the prompt (``[n]`` ids, the
+    prompt included), computed once. Under greedy decoding every accepted context is a
+    prefix of it, so the target's next-token distribution p is one-hot at the next
+    reference token; the drafter samples from q = (1 − noise)·p + noise·uniform,
+    which is accepted with probability α = 1 − noise + noise/V per position.
+
+    ``seconds_per_token`` sleeps that long per drafted token, to emulate a draft model
+    of cost c = seconds_per_token / t_target. If the context ever leaves the reference
+    (possible only through floating-point ties), the drafter proposes nothing and the
+    target decodes that token alone: still exact.
+    """
+
+    def __init__(self, reference: torch.Tensor, noise: float, vocab_size: int, seconds_per_token: float = 0.0):
+        if not 0 <= noise <= 1:
+            raise ValueError(f"noise={noise} must lie in [0, 1]")
+        self.reference = reference.flatten()
+        self.noise, self.vocab_size, self.seconds_per_token = noise, vocab_size, seconds_per_token
+
+    @property
+    def alpha(self) -> float:
+        """The acceptance probability per position this drafter is built to have."""
+        return 1 - self.noise + self.noise / self.vocab_size
+
+    def propose(self, context, gamma, to_probs=None, generator=None):
+        n = len(context)
+        ref = self.reference.to(context.device)
+        if n >= len(ref) or common_prefix_length(ref[:n], context) < n:
+            return context[:0], torch.zeros(0, self.vocab_size, device=context.device)
+        truth = ref[n : n + gamma]
+        p = torch.nn.functional.one_hot(truth, self.vocab_size).float()
+        q = _mix(p, self.noise)
+        tokens = torch.stack([sample(q_i, generator) for q_i in q])
+        if self.seconds_per_token > 0:
+            time.sleep(self.seconds_per_token * len(tokens))
+        return tokens, q
+
+
+class DynamicGammaDrafter:
+    """Adapt γ from round to round, like Hugging Face's ``num_assistant_tokens_schedule="heuristic"``.
+
+    After a round where every draft was accepted, γ grows by ``grow``; after a
+    rejection it shrinks by ``shrink`` (never below ``min_gamma``). The ``gamma``
+    passed to ``speculative_generate`` is the ceiling. The wrapper learns each
+    round's outcome from the next context: the drafts it proposed are all there
+    exactly when the round accepted all of them.
+
+    ``history`` lists the γ proposed in each round of the current generation.
+    """
+
+    def __init__(self, drafter, start: int = 5, grow: int = 2, shrink: int = 1, min_gamma: int = 1):
+        if start < 1 or min_gamma < 1:
+            raise ValueError("start and min_gamma must be >= 1")
+        self.drafter, self.start, self.grow, self.shrink, self.min_gamma = drafter, start, grow, shrink, min_gamma
+        self.reset()
+
+    def reset(self) -> None:
+        """Start a new generation (also done automatically when the context does not extend the last one)."""
+        self.gamma = self.start
+        self.history: list[int] = []
+        self._last_context: torch.Tensor | None = None
+        self._last_drafts: torch.Tensor | None = None
+        if hasattr(self.drafter, "reset"):
+            self.drafter.reset()
+
+    def _update(self, context: torch.Tensor) -> None:
+        last, drafts = self._last_context, self._last_drafts
+        if last is None or len(context) <= len(last) or common_prefix_length(last, context[: len(last)]) < len(last):
+            self.gamma, self.history = self.start, []  # a new prompt
+            return
+        if drafts is None or len(drafts) == 0:
+            return
+        kept = common_prefix_length(drafts.to(context.device), context[len(last) :])
+        if kept == len(drafts):
+            self.gamma += self.grow
+        else:
+            self.gamma = max(self.min_gamma, self.gamma - self.shrink)
+
+    def propose(self, context, gamma, to_probs, generator=None):
+        self._update(context)
+        g = max(1, min(self.gamma, gamma))
+        tokens, q = self.drafter.propose(context, g, to_probs, generator)
+        self.history.append(len(tokens))
+        self._last_context, self._last_drafts = context.clone(), tokens.clone()
+        return tokens, q
+
+
+def early_exit_model(model: torch.nn.Module, n_layers: int) -> torch.nn.Module:
+    """A causal LM made of the first ``n_layers`` decoder layers of ``model`` plus its final norm and head.
+
+    No weights are copied: the shallow model shares every module with ``model``. This is
+    self-speculation by early exit, untrained: the head was only ever trained to read the
+    *last* layer, so early layers' guesses are poor unless the model was trained for it
+    (LayerSkip, Elhoushi et al. 2024). Works for Llama-style models (SmolLM2, Qwen2).
+    """
+    decoder = model.get_decoder()
+    total = len(decoder.layers)
+    if not 1 <= n_layers <= total:
+        raise ValueError(f"n_layers={n_layers} must lie in 1..{total}")
+    config = copy.deepcopy(model.config)
+    config.num_hidden_layers = n_layers
+    if getattr(config, "layer_types", None):
+        config.layer_types = list(config.layer_types[:n_layers])
+    with torch.device("meta"):
+        shallow = type(model)(config)
+    inner = shallow.get_decoder()
+    for name, child in decoder.named_children():
+        setattr(inner, name, torch.nn.ModuleList(list(child)[:n_layers]) if name == "layers" else child)
+    shallow.lm_head = model.get_output_embeddings()
+    meta = [n for n, t in list(shallow.named_parameters()) + list(shallow.named_buffers()) if t.is_meta]
+    if meta:
+        raise RuntimeError(f"early_exit_model could not share these tensors: {meta}")
+    return shallow.eval().requires_grad_(False)
+
+
+def interleaved_benchmark(fns: dict[str, Callable[[], object]], repeats: int = 3, warmup: int = 1, progress: bool = True):
+    """Run the functions A, B, … in turn ``warmup + repeats`` times; return ``{name: [results]}``.
+
+    Interleaving makes A and B share whatever the machine is doing at the moment,
+    so their *ratio* is trustworthy even when absolute times drift. Warm-up rounds
+    (caches, allocator, lazy initialisation) are dropped. Take medians of the results.
+    """
+    from tqdm.auto import tqdm
+
+    results: dict[str, list] = {name: [] for name in fns}
+    rounds = range(warmup + repeats)
+    for i in tqdm(rounds, desc="benchmark", leave=False) if progress else rounds:
+        for name, fn in fns.items():
+            out = fn()
+            if i >= warmup:
+                results[name].append(out)
+    return results
+
+
+@torch.no_grad()
+def batched_throughput(model, tokenizer, prompts: list[str], batch_size: int, max_new_tokens: int = 32, repeats: int = 1) -> dict:
+    """Target-only greedy generation of ``batch_size`` sequences at once with HF ``generate``.
+
+    Prompts (chat-formatted, cycled to fill the batch) are left-padded; every sequence
+    produces exactly ``max_new_tokens`` tokens (EOS is ignored via ``min_new_tokens``),
+    so the count is fair. Returns ``{"seconds", "tokens", "tokens_per_second",
+    "seconds_per_step"}`` (median over ``repeats``; the prefill is included).
+    """
+    texts = [
+        tokenizer.apply_chat_template([{"role": "user", "content": prompts[i % len(prompts)]}], tokenize=False, add_generation_prompt=True)
+        for i in range(batch_size)
+    ]
+    side = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    try:
+        batch = tokenizer(texts, return_tensors="pt", padding=True).to(model.device)
+    finally:
+        tokenizer.padding_side = side
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = model.generate(
+            **batch, do_sample=False, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, pad_token_id=pad
+        )
+        if model.device.type == "cuda":
+            torch.cuda.synchronize(model.device)
+        times.append(time.perf_counter() - start)
+    seconds = statistics.median(times)
+    tokens = (out.shape[1] - batch["input_ids"].shape[1]) * batch_size
+    return {"seconds": seconds, "tokens": tokens, "tokens_per_second": tokens / seconds, "seconds_per_step": seconds / max_new_tokens}

@@ -1,0 +1,107 @@
+"""Tests for specdec_edu.experiments on tiny random models (fast)."""
+
+import pytest
+import torch
+
+from specdec_edu import autoregressive_generate, speculative_generate
+from specdec_edu.drafters import ModelDrafter
+from specdec_edu.experiments import (
+    DynamicGammaDrafter,
+    MixtureDrafter,
+    ReplayDrafter,
+    early_exit_model,
+    interleaved_benchmark,
+)
+
+PROMPT = torch.tensor([[1, 5, 9, 3, 7]])
+
+
+def greedy_reference(target, n=24):
+    return autoregressive_generate(target, PROMPT, max_new_tokens=n).sequences[0]
+
+
+@pytest.mark.parametrize("noise", [0.0, 0.5, 1.0])
+def test_mixture_drafter_greedy_output_is_the_target(target, noise):
+    ref = greedy_reference(target)
+    g = torch.Generator().manual_seed(0)
+    out = speculative_generate(target, MixtureDrafter(target, noise), PROMPT, max_new_tokens=24, gamma=4, generator=g)
+    assert torch.equal(out.sequences[0], ref)
+    if noise == 0.0:
+        assert out.stats.alpha == 1.0 and out.stats.rejected_rounds == 0
+
+
+def test_mixture_drafter_q_is_a_distribution_with_the_dialled_mass(target):
+    d = MixtureDrafter(target, 0.3)
+    g = torch.Generator().manual_seed(0)
+    to_probs = lambda logits: torch.softmax(logits.float(), -1)  # noqa: E731
+    tokens, q = d.propose(PROMPT[0], 3, to_probs, g)
+    assert tokens.shape == (3,) and q.shape == (3, target.config.vocab_size)
+    assert torch.allclose(q.sum(-1), torch.ones(3))
+    assert (q >= 0.3 / target.config.vocab_size - 1e-7).all()
+
+
+def test_mixture_drafter_alpha_falls_with_noise(target):
+    alphas = []
+    for noise in (0.0, 0.6, 1.0):
+        g = torch.Generator().manual_seed(1)
+        out = speculative_generate(target, MixtureDrafter(target, noise), PROMPT, max_new_tokens=40, gamma=4, generator=g)
+        alphas.append(out.stats.alpha)
+    assert alphas[0] == 1.0 and alphas[0] > alphas[1] > alphas[2]
+
+
+def test_replay_drafter_exact_and_alpha_close_to_dial(target):
+    ref = greedy_reference(target, n=200)
+    vocab = target.config.vocab_size
+    for noise, expected in [(0.0, 1.0), (0.5, 1 - 0.5 + 0.5 / vocab)]:
+        d = ReplayDrafter(ref, noise, vocab)
+        assert d.alpha == pytest.approx(expected)
+        g = torch.Generator().manual_seed(2)
+        out = speculative_generate(target, d, PROMPT, max_new_tokens=200, gamma=4, generator=g)
+        assert torch.equal(out.sequences[0], ref)
+        assert out.stats.alpha == pytest.approx(expected, abs=0.12)
+
+
+def test_replay_drafter_off_reference_proposes_nothing(target):
+    ref = greedy_reference(target, n=8)
+    d = ReplayDrafter(ref, 0.0, target.config.vocab_size)
+    tokens, q = d.propose(torch.tensor([2, 2, 2, 2, 2, 2]), 4)
+    assert len(tokens) == 0 and q.shape == (0, target.config.vocab_size)
+
+
+def test_dynamic_gamma_grows_on_full_acceptance_and_stays_exact(target, draft):
+    ref = greedy_reference(target, n=30)
+    perfect = DynamicGammaDrafter(ReplayDrafter(ref, 0.0, target.config.vocab_size), start=2, grow=2)
+    out = speculative_generate(target, perfect, PROMPT, max_new_tokens=30, gamma=16)
+    assert torch.equal(out.sequences[0], ref)
+    assert perfect.history[:3] == [2, 4, 6]
+
+    poor = DynamicGammaDrafter(ModelDrafter(draft), start=5)
+    out = speculative_generate(target, poor, PROMPT, max_new_tokens=30, gamma=16)
+    assert torch.equal(out.sequences[0], ref)
+    assert min(poor.history) < 5  # rejections shrank it
+    assert poor.history == [g for g in out.stats.drafted_per_round if g > 0]  # rounds with room 0 skip the drafter
+
+    # a new prompt restarts the schedule
+    speculative_generate(target, poor, torch.tensor([[4, 4]]), max_new_tokens=10, gamma=16)
+    assert poor.history[0] == 5
+
+
+def test_early_exit_model_shares_weights_and_matches_full_depth(target):
+    n = target.config.num_hidden_layers
+    full = early_exit_model(target, n)
+    ids = PROMPT
+    assert torch.allclose(full(ids).logits, target(ids).logits, atol=1e-5)
+    shallow = early_exit_model(target, 1)
+    assert shallow.lm_head.weight.data_ptr() == target.lm_head.weight.data_ptr()
+    assert len(target.model.layers) == n  # the target is untouched
+    out = speculative_generate(target, shallow, PROMPT, max_new_tokens=20, gamma=3)
+    assert torch.equal(out.sequences[0], greedy_reference(target, n=20))
+    with pytest.raises(ValueError):
+        early_exit_model(target, n + 1)
+
+
+def test_interleaved_benchmark_order_and_warmup():
+    calls = []
+    res = interleaved_benchmark({"a": lambda: calls.append("a") or 1, "b": lambda: calls.append("b") or 2}, repeats=2, warmup=1, progress=False)
+    assert calls == ["a", "b"] * 3
+    assert res == {"a": [1, 1], "b": [2, 2]}

@@ -1,0 +1,99 @@
+"""The notebook helpers: exercise checks, toy simulations and the live widgets (driven headlessly)."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from specdec_edu import controls
+from specdec_edu.widgets import (
+    accept_rule_explorer,
+    check_answer,
+    output_distribution,
+    residual_explorer,
+    simulate_first_token,
+    total_variation,
+)
+
+
+def test_check_answer_accepts_right_answers(capsys):
+    assert check_answer("a", 0.2000000001, 0.2)
+    assert check_answer("b", [0.75, 0, 0.25], (0.75, 0.0, 0.25))
+    assert check_answer("c", torch.tensor([1, 2]), [1, 2])
+    assert check_answer("d", " Smollm2 ", "smollm2")
+    assert check_answer("e", np.float64(4), 4)
+    assert "correct" in capsys.readouterr().out
+
+
+def test_check_answer_unanswered_is_not_an_error(capsys):
+    assert check_answer("a", ..., 1) is False
+    assert check_answer("a", None, 1) is False
+    assert "not answered yet" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("answer, expected", [(0.3, 0.2), ([1, 2], [1, 2, 3]), ("x", "y"), ("1", 2), ([0.7, 0.3], [0.75, 0.25])])
+def test_check_answer_rejects_wrong_answers_with_the_hint(answer, expected):
+    with pytest.raises(AssertionError, match="not right. Hint: think"):
+        check_answer("q", answer, expected, hint="think")
+
+
+def test_output_distribution_equals_p_on_the_source_example():
+    p, q = [0.5, 0.1, 0.4], [0.2, 0.5, 0.3]
+    assert torch.allclose(output_distribution(p, q), torch.tensor(p, dtype=torch.float64), atol=1e-12)
+    assert total_variation(p, q) == pytest.approx(0.4)
+
+
+def test_simulate_first_token_matches_p_and_controls_do_not():
+    p, q = [0.5, 0.1, 0.4], [0.2, 0.5, 0.3]
+    n = 4000
+    tokens, accepted = simulate_first_token(p, q, n, generator=torch.Generator().manual_seed(0))
+    counts = np.bincount(tokens, minlength=3)
+    assert counts.sum() == n and len(accepted) == n
+    assert accepted.mean() == pytest.approx(0.6, abs=0.03)  # Σ min(p, q)
+    assert chisquare(counts, np.array(p) * n).pvalue > 1e-3
+    for broken in (controls.accept_always, controls.resample_from_target):
+        bad, _ = simulate_first_token(p, q, n, generator=torch.Generator().manual_seed(0), accept_fn=broken)
+        assert chisquare(np.bincount(bad, minlength=3), np.array(p) * n).pvalue < 1e-6
+
+
+def test_accept_rule_explorer_updates_its_state_when_sliders_move():
+    ex = accept_rule_explorer(p_x=0.8, q_x=0.6, flips=200)
+    assert ex.state["acceptance_probability"] == pytest.approx(1.0)
+    assert ex.state["accepted"] == 200
+    ex.controls["p"].value = 0.1
+    ex.controls["q"].value = 0.5
+    assert ex.state["acceptance_probability"] == pytest.approx(0.2)
+    assert 0.1 < ex.state["accepted_fraction"] < 0.3
+    ex.controls["flips"].value = 1000
+    assert ex.state["flips"] == 1000 and len(ex.state["outcomes"]) == 1000
+
+
+def test_residual_explorer_output_is_always_p():
+    ex = residual_explorer(samples=500)
+    np.testing.assert_allclose(ex.state["residual"], [0.75, 0, 0.25], atol=1e-12)
+    assert ex.state["rejection_probability"] == pytest.approx(0.4)
+    ex.controls["q[today]"].value = 0.0
+    ex.controls["p[everyday]"].value = 0.9
+    np.testing.assert_allclose(ex.state["output"], ex.state["p"], atol=1e-12)
+    assert ex.state["simulated"].sum() == pytest.approx(1.0)
+    for t in ("everyday", "today", "tomorrow"):
+        ex.controls[f"p[{t}]"].value = 0.0
+    assert ex.state["error"]  # all-zero p: a message instead of a crash
+    ex.figure()
+
+
+def test_explorer_set_changes_several_controls_with_one_redraw():
+    ex = residual_explorer(samples=100)
+    calls = []
+    original = ex.redraw
+    ex.redraw = lambda: (calls.append(1), original())
+    ex.set(**{"p[today]": 0.7, "q[today]": 0.05, "q[tomorrow]": 0.9})
+    assert len(calls) == 1
+    assert ex.state["p"][1] == pytest.approx(0.7 / 1.6)
+    np.testing.assert_allclose(ex.state["output"], ex.state["p"], atol=1e-12)
+    with pytest.raises(KeyError, match="unknown controls"):
+        ex.set(nope=1)
