@@ -688,14 +688,36 @@ def stage_train(args, log):
         return hits / max(1, n)
 
     log(f"train: {args.epochs} epochs, {total} steps of <= {args.batch_tokens} tokens, lr {args.lr}, K_train {args.k_train}")
-    t0 = time.time()
+    # Resumable: a checkpoint every --ckpt-every steps (the batch order is fixed by the seed).
+    ckpt_path = Path(args.workdir) / "train_ckpt.pt"
+    sig = json.dumps({k: v for k, v in sorted(vars(args).items()) if k not in ("stages", "train_minutes", "out")},
+                     default=str) + f"|{len(exs)}"
+    step, capped, hist, spent = 0, False, [], 0.0
+    if ckpt_path.exists():
+        ck = torch.load(ckpt_path, weights_only=False)
+        if ck.get("sig") == sig:
+            model.load_state_dict(ck["model"])
+            opt.load_state_dict(ck["opt"])
+            gen.set_state(ck["gen"])
+            step, hist, spent = ck["step"], ck["hist"], ck["spent"]
+            log(f"train: resuming from step {step} ({spent / 60:.1f} min already spent)")
+    t0 = time.time() - spent
     deadline = t0 + 60 * args.train_minutes
-    step, capped, hist = 0, False, []
+
+    def save_ckpt():
+        torch.save({"sig": sig, "model": model.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(),
+                    "step": step, "hist": hist, "spent": time.time() - t0}, str(ckpt_path) + ".tmp")
+        os.replace(str(ckpt_path) + ".tmp", ckpt_path)
+
     model.train()
-    bar = tqdm(total=total, desc="train", dynamic_ncols=True, mininterval=5)
+    bar = tqdm(total=total, initial=step, desc="train", dynamic_ncols=True, mininterval=5)
     ema_loss = ema_acc = None
+    i_global = 0
     for ep, batches in enumerate(epoch_batches):
         for idx in batches:
+            i_global += 1
+            if i_global <= step:
+                continue
             if time.time() > deadline:
                 capped = True
                 break
@@ -714,12 +736,17 @@ def stage_train(args, log):
             ema_acc = a if ema_acc is None else 0.95 * ema_acc + 0.05 * a
             bar.update(1)
             bar.set_postfix(loss=f"{ema_loss:.3f}", top1=f"{ema_acc:.3f}", ep=ep, refresh=False)
+            if args.ckpt_every and step % args.ckpt_every == 0:
+                save_ckpt()
         if capped:
             bar.write("train: --train-minutes cap reached, stopping early")
             break
+        if i_global <= step and any(h["epoch"] == ep + 1 for h in hist):
+            continue
         v = validate()
         hist.append({"epoch": ep + 1, "step": step, "val_top1": round(v, 4), "minutes": round((time.time() - t0) / 60, 2)})
         bar.write(f"train: epoch {ep + 1}: validation top-1 agreement (greedy answers, K={args.k_train}) {v:.3f}")
+        save_ckpt()
     bar.close()
     train_min = (time.time() - t0) / 60
     ckpt = Path(args.workdir) / "draft_fp32.pt"
@@ -1195,6 +1222,7 @@ def parse_args(argv=None):
     ap.add_argument("--head-sample", type=int, default=0,
                     help="sampled softmax in training: teacher candidates + this many random ids (0: all K_train)")
     ap.add_argument("--train-threads", type=int, default=2)
+    ap.add_argument("--ckpt-every", type=int, default=25, help="training checkpoint interval (steps); 0: never")
     ap.add_argument("--train-minutes", type=float, default=14.0, help="safety cap on training")
     # eval
     ap.add_argument("--k-candidates", type=int, nargs="+", default=[8192, 12288, 16384])

@@ -32,8 +32,8 @@ __all__ = [
 ]
 
 try:  # the embedded pair and hub loaders (need gguf/accelerate only on first conversion)
-    from .embedded import chat_prompt, load_embedded_pair, load_pair  # noqa: F401
+    from .embedded import chat_prompt, default_pair, load_embedded_pair, load_pair  # noqa: F401
 
-    __all__ += ["chat_prompt", "load_embedded_pair", "load_pair"]
+    __all__ += ["chat_prompt", "default_pair", "load_embedded_pair", "load_pair"]
 except ImportError:  # pragma: no cover - embedded.py is being written
     pass

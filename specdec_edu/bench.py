@@ -161,6 +161,60 @@ def run_bench(target, draft, inputs, *, eos_token_id=None, drafter="model", gamm
     return summarise(target, draft, results, drafter, gamma, inputs)
 
 
+def left_padded_batch(tokenizer, prompts: list[str], batch_size: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``batch_size`` chat prompts (``prompts`` cycled), LEFT-padded: ``(input_ids [B, n], attention_mask [B, n])``."""
+    texts = [
+        tokenizer.apply_chat_template([{"role": "user", "content": prompts[i % len(prompts)]}], tokenize=False, add_generation_prompt=True)
+        for i in range(batch_size)
+    ]
+    side = tokenizer.padding_side
+    tokenizer.padding_side = "left"  # every row's last column must be a real token
+    try:
+        enc = tokenizer(texts, return_tensors="pt", padding=True)
+    finally:
+        tokenizer.padding_side = side
+    return enc.input_ids.to(device), enc.attention_mask.to(device)
+
+
+def run_batch_sweep(target, draft, tokenizer, batch_sizes, *, gamma=4, max_new_tokens=16, progress=True) -> list[dict]:
+    """Batched target-only vs batched speculative decoding (ours, exact per row) at each batch size.
+
+    No EOS, so every row makes ``max_new_tokens`` tokens and tokens/s compare fairly. One warm-up
+    at batch 2, then for each size target-only and speculative back to back; rows must be identical.
+    """
+    from tqdm.auto import tqdm
+
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+    def pair_of_runs(b):
+        ids, mask = left_padded_batch(tokenizer, CHAT_PROMPTS, b, target.device)
+        ar = autoregressive_generate(target, ids, attention_mask=mask, max_new_tokens=max_new_tokens, pad_token_id=pad)
+        sd = speculative_generate(target, draft, ids, attention_mask=mask, max_new_tokens=max_new_tokens, gamma=gamma, pad_token_id=pad)
+        return ar, sd
+
+    pair_of_runs(2)
+    rows = []
+    for b in tqdm(list(batch_sizes), desc="batch sizes", disable=not progress):
+        ar, sd = pair_of_runs(b)
+        rows.append({
+            "batch": b,
+            "target_only_tok_s": ar.stats.tokens_per_second,
+            "speculative_tok_s": sd.stats.tokens_per_second,
+            "speedup": sd.stats.tokens_per_second / ar.stats.tokens_per_second,
+            "alpha": sd.stats.alpha,
+            "identical_rows": [t.tolist() for t in ar.new_tokens] == [t.tolist() for t in sd.new_tokens],
+        })
+    return rows
+
+
+def format_batch_table(rows: list[dict]) -> str:
+    lines = ["| batch | target-only tok/s | speculative tok/s | × target-only | α | rows identical |", "|---:|---:|---:|---:|---:|:---:|"]
+    for r in rows:
+        lines.append(f"| {r['batch']} | {r['target_only_tok_s']:.1f} | {r['speculative_tok_s']:.1f} | {r['speedup']:.2f} | "
+                     f"{r['alpha']:.2f} | {'yes' if r['identical_rows'] else 'NO'} |")
+    return "\n".join(lines)
+
+
 def default_prompts(drafter: str) -> list[str]:
     return CHAT_PROMPTS if drafter == "model" else GROUNDED_PROMPTS
 
@@ -248,6 +302,7 @@ def plot_result(result: dict, path: str) -> None:
     fig, ax = plt.subplots(figsize=(7, 3.2))
     bars = ax.barh(names, values, color=["#888" if "target" in n else "#4a8" for n in names])
     ax.bar_label(bars, [f"{v:.1f}" for v in values], padding=3)
+    ax.set_xlim(0, 1.15 * max(values))  # room for the labels
     ax.set_xlabel("tokens / second (median over repeats)")
     ax.set_title(f"γ = {result['gamma']}, α = {result['alpha']:.2f}, c = {result['c']:.2f}, {result['device']} {result['dtype']}")
     ax.invert_yaxis()
@@ -271,6 +326,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--device", default=None, help="cuda, mps or cpu (default: the best available)")
     parser.add_argument("--json", metavar="FILE", help="write the full result as JSON")
     parser.add_argument("--plot", metavar="FILE", help="write a bar chart of tokens/s (PNG)")
+    parser.add_argument("--batch-sizes", metavar="LIST", default="",
+                        help="also measure batched decoding at these batch sizes, e.g. 1,4,16 (model drafter only)")
+    parser.add_argument("--batch-new-tokens", type=int, default=16, help="new tokens per row in the batch sweep")
 
 
 def main(args) -> int:
@@ -281,6 +339,12 @@ def main(args) -> int:
     transformers.utils.logging.set_verbosity_error()
     if args.gamma < 1 or args.max_new_tokens < 1 or args.repeats < 1:
         raise SystemExit("--gamma, --max-new-tokens and --repeats must be >= 1")
+    try:
+        batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b.strip()]
+    except ValueError:
+        raise SystemExit(f"--batch-sizes {args.batch_sizes!r}: give whole numbers separated by commas, e.g. 1,4,16")
+    if any(b < 1 for b in batch_sizes) or (batch_sizes and args.drafter != "model"):
+        raise SystemExit("--batch-sizes needs positive sizes and --drafter model (batched drafting uses a draft model)")
     target, draft, tokenizer = load_pair(args.pair, device=args.device)
     inputs = [chat_prompt(tokenizer, p, device=target.device) for p in default_prompts(args.drafter)]
     result = run_bench(
@@ -289,6 +353,11 @@ def main(args) -> int:
     )
     result["pair"] = args.pair
     print(format_table(result))
+    if batch_sizes:
+        result["batched"] = run_batch_sweep(target, draft, tokenizer, batch_sizes, gamma=args.gamma,
+                                            max_new_tokens=args.batch_new_tokens)
+        print()
+        print(format_batch_table(result["batched"]))
     if args.json:
         save_json(result, args.json)
         print(f"wrote {args.json}")

@@ -59,6 +59,7 @@ import torch
 
 __all__ = [
     "PAIRS",
+    "default_pair",
     "EmbeddedModelError",
     "HubUnavailableError",
     "cache_root",
@@ -308,6 +309,34 @@ def default_device() -> torch.device:
     if mps is not None and mps.is_available():
         return torch.device("mps")
     return torch.device("cpu")
+
+
+def on_colab() -> bool:
+    """True inside a Google Colab runtime (its ``google.colab`` module is already imported there)."""
+    import sys
+
+    return "google.colab" in sys.modules
+
+
+def default_pair() -> str:
+    """The pair a notebook loads unless you name one.
+
+    ``$SPECDEC_EDU_PAIR`` when set (any name in :data:`PAIRS`); else ``"smollm2"`` on a
+    Colab runtime with a GPU (SmolLM2-135M drafting for SmolLM2-1.7B: a pair where
+    speculative decoding pays, downloaded from the hub); else ``"embedded"``, the offline
+    pair that works on any CPU. CI and tests never set the variable and are never on
+    Colab, so they always get ``"embedded"``.
+    """
+    import os
+
+    name = os.environ.get("SPECDEC_EDU_PAIR", "").strip()
+    if name:
+        if name not in PAIRS:
+            raise ValueError(f"SPECDEC_EDU_PAIR={name!r} is not a pair; choose one of {sorted(PAIRS)}")
+        return name
+    if on_colab() and torch.cuda.is_available():
+        return "smollm2"
+    return "embedded"
 
 
 def _prepare(model, device, dtype):

@@ -1,5 +1,5 @@
 """Experiment helpers for notebooks 06–10: drafters built for controlled experiments, a
-dynamic-γ wrapper, an interleaved benchmark and batched target-only throughput.
+dynamic-γ wrapper and an interleaved benchmark.
 
 Every drafter here speaks the protocol of :mod:`specdec_edu.drafters`::
 
@@ -13,14 +13,13 @@ drafters only change *how often* drafts are accepted and how much drafting costs
 from __future__ import annotations
 
 import copy
-import statistics
 import time
 from typing import Callable
 
 import torch
 
 from .drafters import ModelDrafter, common_prefix_length
-from .sampling import sample
+from .sampling import logits_to_probs, sample
 
 __all__ = [
     "MixtureDrafter",
@@ -28,7 +27,6 @@ __all__ = [
     "DynamicGammaDrafter",
     "early_exit_model",
     "interleaved_benchmark",
-    "batched_throughput",
 ]
 
 
@@ -75,16 +73,25 @@ class ReplayDrafter:
     which is accepted with probability α = 1 − noise + noise/V per position.
 
     ``seconds_per_token`` sleeps that long per drafted token, to emulate a draft model
-    of cost c = seconds_per_token / t_target. If the context ever leaves the reference
-    (possible only through floating-point ties), the drafter proposes nothing and the
-    target decodes that token alone: still exact.
+    of cost c = seconds_per_token / t_target. ``cost_model`` instead pays a *real* draft
+    model's cost: it drafts as a :class:`ModelDrafter` would (same forwards, same cache
+    rollbacks) and its tokens are thrown away, so c is that model's measured cost while α
+    stays the dial's (how ``scripts/gpu_check.py`` gets a known α from random-weight models).
+    If the context ever leaves the reference (possible only through floating-point ties),
+    the drafter proposes nothing and the target decodes that token alone: still exact.
     """
 
-    def __init__(self, reference: torch.Tensor, noise: float, vocab_size: int, seconds_per_token: float = 0.0):
+    def __init__(self, reference: torch.Tensor, noise: float, vocab_size: int, seconds_per_token: float = 0.0,
+                 cost_model: torch.nn.Module | None = None):
         if not 0 <= noise <= 1:
             raise ValueError(f"noise={noise} must lie in [0, 1]")
         self.reference = reference.flatten()
         self.noise, self.vocab_size, self.seconds_per_token = noise, vocab_size, seconds_per_token
+        self._cost = ModelDrafter(cost_model) if cost_model is not None else None
+
+    def reset(self) -> None:
+        if self._cost is not None:
+            self._cost.reset()
 
     @property
     def alpha(self) -> float:
@@ -102,6 +109,8 @@ class ReplayDrafter:
         tokens = torch.stack([sample(q_i, generator) for q_i in q])
         if self.seconds_per_token > 0:
             time.sleep(self.seconds_per_token * len(tokens))
+        if self._cost is not None:  # the real draft model's forwards; its own guesses are discarded
+            self._cost.propose(context, len(tokens), lambda logits: logits_to_probs(logits, temperature=0), None)
         return tokens, q
 
 
@@ -199,37 +208,3 @@ def interleaved_benchmark(fns: dict[str, Callable[[], object]], repeats: int = 3
             if i >= warmup:
                 results[name].append(out)
     return results
-
-
-@torch.no_grad()
-def batched_throughput(model, tokenizer, prompts: list[str], batch_size: int, max_new_tokens: int = 32, repeats: int = 1) -> dict:
-    """Target-only greedy generation of ``batch_size`` sequences at once with HF ``generate``.
-
-    Prompts (chat-formatted, cycled to fill the batch) are left-padded; every sequence
-    produces exactly ``max_new_tokens`` tokens (EOS is ignored via ``min_new_tokens``),
-    so the count is fair. Returns ``{"seconds", "tokens", "tokens_per_second",
-    "seconds_per_step"}`` (median over ``repeats``; the prefill is included).
-    """
-    texts = [
-        tokenizer.apply_chat_template([{"role": "user", "content": prompts[i % len(prompts)]}], tokenize=False, add_generation_prompt=True)
-        for i in range(batch_size)
-    ]
-    side = tokenizer.padding_side
-    tokenizer.padding_side = "left"
-    try:
-        batch = tokenizer(texts, return_tensors="pt", padding=True).to(model.device)
-    finally:
-        tokenizer.padding_side = side
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        out = model.generate(
-            **batch, do_sample=False, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, pad_token_id=pad
-        )
-        if model.device.type == "cuda":
-            torch.cuda.synchronize(model.device)
-        times.append(time.perf_counter() - start)
-    seconds = statistics.median(times)
-    tokens = (out.shape[1] - batch["input_ids"].shape[1]) * batch_size
-    return {"seconds": seconds, "tokens": tokens, "tokens_per_second": tokens / seconds, "seconds_per_step": seconds / max_new_tokens}

@@ -245,7 +245,7 @@ def accept_rule_explorer(p_x: float = 0.1, q_x: float = 0.5, flips: int = 1000, 
         ax1.plot(["accepted", "rejected"], [a * n, (1 - a) * n], "k_", markersize=40, mew=2, label="expected")
         ax1.set_ylabel("number of drafts")
         ax1.set_title(f"p(x) = {state['p']:.2f}, q(x) = {state['q']:.2f}  →  min(1, p/q) = {a:.3f}")
-        ax1.legend(loc="best", fontsize=8)
+        ax1.legend(loc="best", fontsize=8, markerscale=0.4)
         running = np.cumsum(state["outcomes"]) / np.arange(1, n + 1)
         ax2.plot(np.arange(1, n + 1), running, label="share accepted so far")
         ax2.axhline(a, color="k", ls="--", lw=1, label="min(1, p(x)/q(x))")
@@ -347,7 +347,7 @@ def residual_explorer(
         ax2.set_xticks(x, tokens)
         ax2.set_ylabel("probability")
         ax2.set_title("accepted + rejected × residual = p")
-        ax2.legend(loc="best", fontsize=7)
+        ax2.legend(loc="best", fontsize=7, markerscale=0.4)
         fig.tight_layout()
         return fig
 

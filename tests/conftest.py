@@ -6,10 +6,11 @@ the tests marked ``slow``.
 """
 
 import os
+import string
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 torch.set_num_threads(int(os.environ.get("SPECDEC_TEST_THREADS", "1")))
 
@@ -98,3 +99,27 @@ def pytest_collection_modifyitems(config, items):
         tags = set(getattr(cell, "metadata", {}).get("tags", [])) if cell is not None else set()
         if tags & NOTEBOOK_SKIP_TAGS:
             item.add_marker(pytest.mark.skip(reason=f"notebook cell tagged {sorted(tags & NOTEBOOK_SKIP_TAGS)}"))
+
+
+# A character-level tokenizer with a chat template: the demo and the batch sweep need one, no download.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def char_tokenizer():
+    """One token per printable character, plus ChatML-style special tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {"<unk>": 0, "<|im_start|>": 1, "<|im_end|>": 2}
+    for ch in string.printable:
+        vocab.setdefault(ch, len(vocab))
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    backend.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>",
+                                        bos_token="<|im_start|>", eos_token="<|im_end|>", pad_token="<unk>")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer

@@ -8,6 +8,7 @@ its printed acceptance numbers and its plot all change. Screenshots go to ``asse
 Run with ``pytest -m browser`` (deselected by default: it needs Chromium and takes ~2–4 min).
 """
 
+import json
 import os
 import secrets
 import shutil
@@ -40,10 +41,20 @@ def lab(tmp_path_factory):
     """A JupyterLab server on 127.0.0.1 serving the repository; yields (base_url, token)."""
     port, token = _free_port(), secrets.token_hex(16)
     log = open(tmp_path_factory.mktemp("lab") / "lab.log", "w")
+    # Serve a copy: JupyterLab autosaves, and the committed notebooks must keep their outputs.
+    root = tmp_path_factory.mktemp("root")
+    shutil.copytree(REPO / "notebooks", root / "notebooks")
+    for path in (root / "notebooks").glob("*.ipynb"):  # start clean, so "[3]" prompts mean *this* run
+        nb = json.loads(path.read_text())
+        for cell in nb["cells"]:
+            if cell["cell_type"] == "code":
+                cell["outputs"], cell["execution_count"] = [], None
+        path.write_text(json.dumps(nb))
     env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp_path_factory.mktemp("jupyter-config")))
     proc = subprocess.Popen(
         [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={REPO}", "--LabApp.news_url=",
+         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}", "--LabApp.news_url=",
+         f"--LabApp.workspaces_dir={tmp_path_factory.mktemp('workspaces')}",
          "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate", "--allow-root"],
         stdout=log, stderr=subprocess.STDOUT, env=env,
     )
@@ -74,16 +85,29 @@ def page():
         browser.close()
 
 
+ACTIVE = ".jp-NotebookPanel:not(.lm-mod-hidden)"  # the notebook tab in front
+
+
 def run_all_cells(page, base, token, notebook):
-    page.goto(f"{base}/lab/tree/notebooks/{notebook}?token={token}")
-    page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=120_000)
-    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
+    # A workspace per notebook, so JupyterLab does not reopen the previous test's tabs.
+    page.goto(f"{base}/lab/workspaces/{notebook[:2]}/tree/notebooks/{notebook}?reset&token={token}")
+    page.wait_for_selector(f"{ACTIVE} .jp-Cell", timeout=120_000)
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", state="attached", timeout=120_000)
     page.click(".lm-MenuBar-itemLabel:text-is('Run')")
-    page.click(".lm-Menu-item[data-command='notebook:run-all-cells']")
-    # The kernel goes busy, then idle again when the last cell has run.
-    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='busy']", timeout=30_000)
-    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=300_000)
-    errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']:has-text('Traceback')")
+    page.click(".lm-Menu-item[data-command='runmenu:run-all']")
+    # Done when no code cell is queued ("[*]") or unrun ("[ ]"), some have run ("[7]"), and the kernel is idle.
+    # (Cells whose input is hidden, like the solutions, show an empty prompt.)
+    page.wait_for_function(
+        """(active) => {
+            const prompts = [...document.querySelectorAll(active + ' .jp-CodeCell .jp-InputArea-prompt')]
+                .map(p => p.textContent.trim()).filter(t => t !== '');
+            const status = document.querySelector('.jp-Notebook-ExecutionIndicator')?.dataset.status;
+            return status === 'idle' && prompts.some(t => /\\[\\d+\\]/.test(t))
+                && !prompts.some(t => /\\[\\s*\\*?\\s*\\]/.test(t));
+        }""",
+        arg=ACTIVE, timeout=300_000, polling=1000,
+    )
+    errors = page.locator(f"{ACTIVE} .jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']:has-text('Traceback')")
     assert errors.count() == 0, errors.first.inner_text()
 
 
@@ -95,6 +119,20 @@ def widget_snapshot(widget):
         "text": " ".join(widget.locator(".widget-html-content").all_inner_texts()),
         "image": img.get_attribute("src") if img.count() else None,
     }
+
+
+def wait_until_settled(page, widget, quiet_ms: int = 3000, timeout_s: float = 120):
+    """Wait until the kernel is idle and the widget's plot has not changed for ``quiet_ms``."""
+    deadline, last, since = time.monotonic() + timeout_s, None, time.monotonic()
+    while time.monotonic() < deadline:
+        src = widget_snapshot(widget)["image"]
+        idle = page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").count() > 0
+        if src != last or not idle:
+            last, since = src, time.monotonic()
+        elif (time.monotonic() - since) * 1000 >= quiet_ms:
+            return
+        page.wait_for_timeout(500)
+    pytest.fail("the widget kept redrawing (or the kernel stayed busy)")
 
 
 def move_slider_and_check(page, widget, key, presses):
@@ -109,6 +147,7 @@ def move_slider_and_check(page, widget, key, presses):
         "([el, src]) => { const i = el.querySelector('img'); return i && i.getAttribute('src') !== src; }",
         arg=[widget.element_handle(), before["image"]], timeout=60_000,
     )
+    wait_until_settled(page, widget)  # each key press is a new value: let the last redraw land
     after = widget_snapshot(widget)
     assert after["readouts"] != before["readouts"], "slider value did not change"
     assert after["image"] != before["image"], "plot did not redraw"
@@ -116,11 +155,11 @@ def move_slider_and_check(page, widget, key, presses):
     return before, after
 
 
-@pytest.mark.parametrize("notebook, slider_key", [("03_accept_rule.ipynb", "ArrowLeft"), ("04_corrected_distribution.ipynb", "ArrowRight")])
+@pytest.mark.parametrize("notebook, slider_key", [("03_accept_rule.ipynb", "ArrowRight"), ("04_corrected_distribution.ipynb", "ArrowRight")])
 def test_widget_notebook_in_browser(lab, page, notebook, slider_key):
     base, token = lab
     run_all_cells(page, base, token, notebook)
-    widget = page.locator(".jp-OutputArea-output .widget-vbox").first
+    widget = page.locator(f"{ACTIVE} .jp-OutputArea-output .widget-vbox").first
     widget.scroll_into_view_if_needed()
     SHOTS.mkdir(parents=True, exist_ok=True)
     widget.screenshot(path=str(SHOTS / f"{notebook[:2]}_widget_before.png"))

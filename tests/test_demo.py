@@ -7,37 +7,12 @@ run it on tiny random models with a character-level tokenizer: seconds, no downl
 from __future__ import annotations
 
 import io
-import string
-
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from specdec_edu import demo
 from specdec_edu.__main__ import build_parser, main
-
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
-
-@pytest.fixture(scope="module")
-def char_tokenizer():
-    """One token per printable character, plus ChatML-style special tokens."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
-    vocab = {"<unk>": 0, "<|im_start|>": 1, "<|im_end|>": 2}
-    for ch in string.printable:
-        vocab.setdefault(ch, len(vocab))
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Split("", "isolated")
-    backend.decoder = decoders.Fuse()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>",
-                                        bos_token="<|im_start|>", eos_token="<|im_end|>")
-    tokenizer.chat_template = CHAT_TEMPLATE
-    return tokenizer
-
 
 def _tiny(vocab_size, seed, layers):
     torch.manual_seed(seed)

@@ -1,0 +1,68 @@
+"""environment.yml and pyproject.toml must describe the same environment.
+
+A learner who runs ``conda env create -f environment.yml`` should get the packages and the
+version bounds that ``pip install -e ".[test]"`` gives (the README's test command), no more,
+no fewer. This test fails when one file is edited without the other.
+"""
+
+import sys
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+yaml = pytest.importorskip("yaml", reason="PyYAML comes with jupyterlab (via jupyter-events)")
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    tomllib = pytest.importorskip("tomli")
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _by_name(lines):
+    """{normalised name: SpecifierSet} for requirement strings like ``"torch>=2.4"``."""
+    reqs = [Requirement(line) for line in lines]
+    return {r.name.lower().replace("_", "-"): r.specifier for r in reqs}
+
+
+def _environment():
+    env = yaml.safe_load((REPO / "environment.yml").read_text())
+    deps = env["dependencies"]
+    conda = [d for d in deps if isinstance(d, str)]
+    pip = next(d["pip"] for d in deps if isinstance(d, dict) and "pip" in d)
+    return conda, pip
+
+
+def _pyproject():
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+
+
+def test_pip_section_matches_pyproject():
+    _, pip = _environment()
+    project = _pyproject()
+    assert "-e ." in pip, "environment.yml must install this package (pip: '-e .')"
+    in_env = _by_name([line for line in pip if line != "-e ."])
+    in_pyproject = _by_name(project["dependencies"] + project["optional-dependencies"]["test"])
+    assert sorted(in_env) == sorted(in_pyproject), (
+        f"only in environment.yml: {sorted(set(in_env) - set(in_pyproject))}; "
+        f"only in pyproject.toml (dependencies + [test]): {sorted(set(in_pyproject) - set(in_env))}"
+    )
+    for name, spec in in_env.items():
+        assert spec == in_pyproject[name], f"{name}: environment.yml says {spec}, pyproject.toml says {in_pyproject[name]}"
+
+
+def test_conda_python_satisfies_requires_python():
+    conda, _ = _environment()
+    python = next(d for d in conda if d.startswith("python"))
+    version = Version(python.split("=", 1)[1])
+    assert version in SpecifierSet(_pyproject()["requires-python"]), f"{python} vs requires-python"
+
+
+def test_comparison_can_fail():
+    """Negative control: a changed bound or a missing package is seen as a difference."""
+    base = _by_name(["torch>=2.4", "numpy>=1.26"])
+    assert base != _by_name(["torch>=2.5", "numpy>=1.26"])
+    assert sorted(base) != sorted(_by_name(["torch>=2.4"]))
