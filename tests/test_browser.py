@@ -15,6 +15,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -50,9 +51,17 @@ def lab(tmp_path_factory):
             if cell["cell_type"] == "code":
                 cell["outputs"], cell["execution_count"] = [], None
         path.write_text(json.dumps(nb))
-    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp_path_factory.mktemp("jupyter-config")))
+    # User settings: start the notebook's kernel without asking, and no "get Jupyter news?" toast.
+    settings = tmp_path_factory.mktemp("lab-settings")
+    for name, values in {"apputils-extension/sessionDialogs": {"autoStartDefault": True},
+                         "apputils-extension/notification": {"fetchNews": "false"}}.items():
+        path = settings / "@jupyterlab" / f"{name}.jupyterlab-settings"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(values))
+    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp_path_factory.mktemp("jupyter-config")),
+               JUPYTERLAB_SETTINGS_DIR=str(settings))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
          f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}", "--LabApp.news_url=",
          f"--LabApp.workspaces_dir={tmp_path_factory.mktemp('workspaces')}",
          "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate", "--allow-root"],
@@ -93,10 +102,35 @@ def run_all_cells(page, base, token, notebook):
     page.goto(f"{base}/lab/workspaces/{notebook[:2]}/tree/notebooks/{notebook}?reset&token={token}")
     page.wait_for_selector(f"{ACTIVE} .jp-Cell", timeout=120_000)
     page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", state="attached", timeout=120_000)
+    accept_kernel_dialog(page)
     page.click(".lm-MenuBar-itemLabel:text-is('Run')")
     page.click(".lm-Menu-item[data-command='runmenu:run-all']")
     # Done when no code cell is queued ("[*]") or unrun ("[ ]"), some have run ("[7]"), and the kernel is idle.
     # (Cells whose input is hidden, like the solutions, show an empty prompt.)
+    accept_kernel_dialog(page)
+    try:
+        _wait_for_all_cells(page)
+    except Exception:
+        shot = Path(tempfile.gettempdir()) / f"specdec_edu_browser_failed_{notebook[:2]}.png"
+        page.screenshot(path=str(shot), full_page=True)
+        prompts = page.locator(f"{ACTIVE} .jp-CodeCell .jp-InputArea-prompt").all_inner_texts()
+        print(f"{notebook}: cell prompts {prompts}; screenshot {shot}")
+        raise
+    errors = page.locator(f"{ACTIVE} .jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']:has-text('Traceback')")
+    assert errors.count() == 0, errors.first.inner_text()
+
+
+def accept_kernel_dialog(page, wait_ms: int = 2000):
+    """If JupyterLab asks which kernel to start (it sometimes does on first open), take its choice."""
+    dialog = page.locator(".jp-Dialog:has-text('Select Kernel')")
+    try:
+        dialog.wait_for(state="visible", timeout=wait_ms)
+    except Exception:  # playwright's TimeoutError: no dialog, nothing to do
+        return
+    dialog.locator(".jp-Dialog-button.jp-mod-accept").click()
+
+
+def _wait_for_all_cells(page):
     page.wait_for_function(
         """(active) => {
             const prompts = [...document.querySelectorAll(active + ' .jp-CodeCell .jp-InputArea-prompt')]
@@ -107,8 +141,6 @@ def run_all_cells(page, base, token, notebook):
         }""",
         arg=ACTIVE, timeout=300_000, polling=1000,
     )
-    errors = page.locator(f"{ACTIVE} .jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']:has-text('Traceback')")
-    assert errors.count() == 0, errors.first.inner_text()
 
 
 def widget_snapshot(widget):
