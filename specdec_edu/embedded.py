@@ -313,8 +313,6 @@ def default_device() -> torch.device:
 
 def on_colab() -> bool:
     """True inside a Google Colab runtime (its ``google.colab`` module is already imported there)."""
-    import sys
-
     return "google.colab" in sys.modules
 
 
@@ -327,8 +325,6 @@ def default_pair() -> str:
     pair that works on any CPU. CI and tests never set the variable and are never on
     Colab, so they always get ``"embedded"``.
     """
-    import os
-
     name = os.environ.get("SPECDEC_EDU_PAIR", "").strip()
     if name:
         if name not in PAIRS:

@@ -225,7 +225,7 @@ def speculative_generate(
             target, drafter.model, ids, mask, max_new_tokens=max_new_tokens, gamma=gamma, to_probs=to_probs,
             generator=generator, eos=eos, accept_fn=accept_fn, pad_token_id=pad_token_id,
         )
-    if isinstance(drafter, ModelDrafter):
+    if hasattr(drafter, "reset"):  # a new generation: no draft cache or γ schedule carried over from the last one
         drafter.reset()
     seq = ids[0][mask[0].bool()]  # one row: just drop its padding
     device, vocab_size, max_pos = seq.device, _vocab_size(target), _max_positions(target)

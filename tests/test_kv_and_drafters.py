@@ -90,3 +90,19 @@ def test_stats_are_consistent(target, close_draft, generator):
     assert s.seconds >= s.draft_seconds + s.verify_seconds > 0
     assert out.token_sources.count("accepted") == s.accepted
     assert out.token_sources.count("corrected") == s.rejected_rounds
+
+
+def test_every_generation_starts_with_a_reset_drafter(target):
+    """Drafters with state (a cache, a γ schedule) get ``reset()`` before each generation."""
+
+    class CountingLookup(PromptLookupDrafter):
+        resets = 0
+
+        def reset(self):
+            self.resets += 1
+
+    drafter = CountingLookup()
+    ids = torch.tensor([[5, 6, 7, 5, 6]])
+    for expected in (1, 2):
+        speculative_generate(target, drafter, ids, max_new_tokens=4, gamma=2)
+        assert drafter.resets == expected
