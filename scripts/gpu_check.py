@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 
 from specdec_edu import autoregressive_generate, expected_speedup, speculative_generate  # noqa: E402
 from specdec_edu.bench import _configure_hf_assistant  # noqa: E402
-from specdec_edu.experiments import ReplayDrafter  # noqa: E402
+from specdec_edu.experiments import ReplayDrafter, interleaved_benchmark  # noqa: E402
 from specdec_edu.generate import _sync  # noqa: E402
 from specdec_edu.measure import forward_seconds, latency_curve, parameter_bytes  # noqa: E402
 
@@ -63,24 +63,18 @@ def make_model(shape, vocab: int, device, dtype, seed: int) -> LlamaForCausalLM:
     return model.to(dtype).eval().requires_grad_(False)
 
 
-def timed(fn):
-    """(result, seconds) of one call, with the device synchronised on both sides."""
-    _sync(DEVICE)
-    start = time.perf_counter()
-    out = fn()
-    _sync(DEVICE)
-    return out, time.perf_counter() - start
+def median_seconds(fns: dict, repeats: int, device: torch.device) -> dict[str, float]:
+    """Median seconds per method: A B C … in turn, one warm-up then ``repeats`` rounds, device synced around each call."""
+    def timed(fn):
+        _sync(device)
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        return time.perf_counter() - start
 
-
-def interleaved(fns: dict, repeats: int) -> dict[str, float]:
-    """Median seconds per method, running A B C … in turn ``repeats`` times after one warm-up."""
-    times = {name: [] for name in fns}
-    for i in range(repeats + 1):
-        for name, fn in fns.items():
-            _, seconds = timed(fn)
-            if i > 0:
-                times[name].append(seconds)
-    return {name: statistics.median(t) for name, t in times.items()}
+    seconds = interleaved_benchmark({name: (lambda fn=fn: timed(fn)) for name, fn in fns.items()},
+                                    repeats=repeats, warmup=1, progress=False)
+    return {name: statistics.median(times) for name, times in seconds.items()}
 
 
 def main(argv=None) -> dict:
@@ -97,21 +91,20 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     transformers.utils.logging.set_verbosity_error()
 
-    global DEVICE
-    DEVICE = torch.device(args.device)
-    if DEVICE.type == "cuda" and not torch.cuda.is_available():
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda but torch sees no GPU; use --device cpu (with --size tiny)")
-    dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if DEVICE.type == "cuda" else torch.float32)
+    dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
     spec = SIZES[args.size]
-    target = make_model(spec["target"], spec["vocab"], DEVICE, dtype, seed=0)
-    draft = make_model(spec["draft"], spec["vocab"], DEVICE, dtype, seed=1)
+    target = make_model(spec["target"], spec["vocab"], device, dtype, seed=0)
+    draft = make_model(spec["draft"], spec["vocab"], device, dtype, seed=1)
     n_t = sum(p.numel() for p in target.parameters())
     n_d = sum(p.numel() for p in draft.parameters())
-    name = torch.cuda.get_device_name(DEVICE) if DEVICE.type == "cuda" else platform.processor() or "cpu"
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
     print(f"device {name} · {dtype} · target {n_t / 1e6:.0f}M params ({parameter_bytes(target) / 2**30:.2f} GiB) · "
           f"draft {n_d / 1e6:.0f}M · torch {torch.__version__} · transformers {transformers.__version__}")
     gen = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, spec["vocab"], (1, args.prompt_length), generator=gen).to(DEVICE)
+    prompt = torch.randint(0, spec["vocab"], (1, args.prompt_length), generator=gen).to(device)
     g = args.gamma
 
     # 1–2. The memory-bound curve, c and the verify cost.
@@ -137,8 +130,8 @@ def main(argv=None) -> dict:
     for noise in NOISES:
         drafter = ReplayDrafter(reference, noise, spec["vocab"], cost_model=draft)
         run = lambda: speculative_generate(target, drafter, prompt, max_new_tokens=n_new, gamma=g,
-                                           generator=torch.Generator(device=DEVICE).manual_seed(0))
-        med = interleaved({"target": target_only, "spec": run}, args.repeats)
+                                           generator=torch.Generator(device=device).manual_seed(0))
+        med = median_seconds({"target": target_only, "spec": run}, args.repeats, device)
         result = run()
         alpha = result.stats.alpha
         row = {
@@ -166,7 +159,7 @@ def main(argv=None) -> dict:
     assert len(hf_tokens) == n_new, "HF stopped early: random models must have no EOS"
 
     ours = lambda: speculative_generate(target, draft, prompt, max_new_tokens=n_new, gamma=g)
-    med = interleaved({"target": target_only, "ours": ours, "hf": hf}, args.repeats)
+    med = median_seconds({"target": target_only, "ours": ours, "hf": hf}, args.repeats, device)
     hf_vs = {k: n_new / v for k, v in med.items()}
     ours_result = ours()
     ours_alpha = ours_result.stats.alpha
@@ -175,7 +168,7 @@ def main(argv=None) -> dict:
           f"ours {hf_vs['ours']:.1f} · HF assisted {hf_vs['hf']:.1f} → ours / HF = {hf_vs['ours'] / hf_vs['hf']:.2f}× (same tokens: {same_tokens})")
 
     out = {
-        "device": str(DEVICE), "device_name": name, "dtype": str(dtype).replace("torch.", ""), "size": args.size,
+        "device": str(device), "device_name": name, "dtype": str(dtype).replace("torch.", ""), "size": args.size,
         "target_params": n_t, "draft_params": n_d, "gamma": g, "max_new_tokens": n_new,
         "prompt_length": args.prompt_length, "repeats": args.repeats,
         "latency_ms": {str(n): 1e3 * t for n, t in curve.items()}, "c": c, "verify_cost": verify_cost,
@@ -191,8 +184,6 @@ def main(argv=None) -> dict:
         print(f"\nwrote {args.json}")
     return out
 
-
-DEVICE = torch.device("cpu")
 
 if __name__ == "__main__":
     main()

@@ -104,7 +104,7 @@ def profile_round(target, draft, ids, gamma: int, repeats: int = 5) -> dict[str,
     seq = ids[0].to(target.device)
     parts = {"draft": [], "verify_forward": [], "accept_resample": [], "cache_crop": [], "python_overhead": []}
     for _ in range(repeats):
-        if isinstance(drafter, ModelDrafter):
+        if hasattr(drafter, "reset"):  # a fresh draft cache every repeat, as speculative_generate does
             drafter.reset()
         cache = kv.new_cache(target)
         kv.forward(target, seq[None, :-1], cache)

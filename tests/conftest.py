@@ -123,3 +123,18 @@ def char_tokenizer():
                                         bos_token="<|im_start|>", eos_token="<|im_end|>", pad_token="<unk>")
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
+
+
+def _chat_tiny(vocab_size, seed, layers):
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=1,
+                         max_position_embeddings=1024)
+    return LlamaForCausalLM(config).eval().requires_grad_(False)
+
+
+@pytest.fixture(scope="module")
+def tiny_pair(char_tokenizer):
+    """(target, draft): tiny random Llamas over ``char_tokenizer``'s vocabulary."""
+    vocab = len(char_tokenizer)
+    return _chat_tiny(vocab, seed=0, layers=2), _chat_tiny(vocab, seed=1, layers=1)

@@ -1,10 +1,22 @@
 """The benchmark harness at a tiny size (no timing assertions: only that it runs and agrees)."""
 
+import argparse
 import json
 
+import pytest
 import torch
 
-from specdec_edu.bench import format_batch_table, format_table, left_padded_batch, plot_result, run_batch_sweep, run_bench, save_json
+from specdec_edu.bench import (
+    add_arguments,
+    format_batch_table,
+    format_table,
+    left_padded_batch,
+    main,
+    plot_result,
+    run_batch_sweep,
+    run_bench,
+    save_json,
+)
 
 
 def test_bench_model_drafter(tmp_path, target, close_draft):
@@ -29,17 +41,8 @@ def test_bench_prompt_lookup(target):
     assert "hf_prompt_lookup_tok_s" in result and all(result["identical_outputs"].values())
 
 
-def test_batch_sweep_is_exact_per_row(char_tokenizer):
-    torch.manual_seed(0)
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    def tiny(seed, layers):
-        torch.manual_seed(seed)
-        config = LlamaConfig(vocab_size=len(char_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-                             num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024)
-        return LlamaForCausalLM(config).eval().requires_grad_(False)
-
-    rows = run_batch_sweep(tiny(0, 2), tiny(1, 1), char_tokenizer, [1, 3], gamma=3, max_new_tokens=6, progress=False)
+def test_batch_sweep_is_exact_per_row(tiny_pair, char_tokenizer):
+    rows = run_batch_sweep(*tiny_pair, char_tokenizer, [1, 3], gamma=3, max_new_tokens=6, progress=False)
     assert [r["batch"] for r in rows] == [1, 3]
     assert all(r["identical_rows"] and r["speculative_tok_s"] > 0 and r["target_only_tok_s"] > 0 for r in rows)
     assert "| 3 |" in format_batch_table(rows)
@@ -48,12 +51,6 @@ def test_batch_sweep_is_exact_per_row(char_tokenizer):
 
 
 def test_bench_cli_rejects_bad_batch_sizes():
-    import argparse
-
-    import pytest
-
-    from specdec_edu.bench import add_arguments, main
-
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     for bad in (["--batch-sizes", "1,x"], ["--batch-sizes", "0"], ["--batch-sizes", "4", "--drafter", "prompt-lookup"]):

@@ -187,14 +187,14 @@ def move_slider_and_check(page, widget, key, presses):
     return before, after
 
 
-@pytest.mark.parametrize("notebook, slider_key", [("03_accept_rule.ipynb", "ArrowRight"), ("04_corrected_distribution.ipynb", "ArrowRight")])
-def test_widget_notebook_in_browser(lab, page, notebook, slider_key):
+@pytest.mark.parametrize("notebook", ["03_accept_rule.ipynb", "04_corrected_distribution.ipynb"])
+def test_widget_notebook_in_browser(lab, page, notebook):
     base, token = lab
     run_all_cells(page, base, token, notebook)
     widget = page.locator(f"{ACTIVE} .jp-OutputArea-output .widget-vbox").first
     widget.scroll_into_view_if_needed()
     SHOTS.mkdir(parents=True, exist_ok=True)
     widget.screenshot(path=str(SHOTS / f"{notebook[:2]}_widget_before.png"))
-    before, after = move_slider_and_check(page, widget, slider_key, presses=15)
+    before, after = move_slider_and_check(page, widget, "ArrowRight", presses=15)
     widget.screenshot(path=str(SHOTS / f"{notebook[:2]}_widget_after.png"))
     print(notebook, "readouts", before["readouts"], "->", after["readouts"], "|", before["text"][:80], "->", after["text"][:80])

@@ -7,26 +7,12 @@ run it on tiny random models with a character-level tokenizer: seconds, no downl
 from __future__ import annotations
 
 import io
+
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from specdec_edu import demo
 from specdec_edu.__main__ import build_parser, main
-
-def _tiny(vocab_size, seed, layers):
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=1,
-                         max_position_embeddings=1024)
-    return LlamaForCausalLM(config).eval().requires_grad_(False)
-
-
-@pytest.fixture(scope="module")
-def tiny_pair(char_tokenizer):
-    vocab = len(char_tokenizer)
-    return _tiny(vocab, seed=0, layers=2), _tiny(vocab, seed=1, layers=1)
-
 
 SUMMARY_ROWS = ["target-only tokens/s", "speculative tokens/s", "measured speedup",
                 "α  acceptance rate", "τ  tokens per target forward", "c  draft token / target step",
