@@ -1,15 +1,24 @@
 """Speculative decoding on a GPU, measured, with no network: one script, a few minutes.
 
-    python scripts/gpu_check.py --json gpu_check.json      # ~1.1B target, ~100M draft, bf16, CUDA
+    python scripts/gpu_check.py --json gpu_check.json      # SmolLM2-1.7B / -135M shapes, bf16, CUDA
+    python scripts/gpu_check.py --size 1b --json gpu.json  # ~1.1B target, ~100M draft (TinyLlama-like)
     python scripts/gpu_check.py --size tiny --device cpu   # the same steps at toy size (what CI runs)
 
 Random-weight models need no download, and a decode step costs the same whatever the
-weights are: time depends on shapes, not values. What random weights cannot give is a
+weights are: time depends on shapes, not values. The default size has the course's GPU
+pair's shapes (SmolLM2-1.7B target, 24 layers × 2048; SmolLM2-135M draft, 30 layers × 576),
+so c is the real pair's c: a deep, narrow draft (30 layers of small kernels) can cost more
+per step than its 13× fewer parameters suggest. What random weights cannot give is a
 meaningful acceptance rate (a random draft agrees with a random target ~1/V of the time),
-so α comes from a dial: ``ReplayDrafter(cost_model=draft)`` runs the real ~100M draft's
+so α comes from a dial: ``ReplayDrafter(cost_model=draft)`` runs the real draft's
 forwards (so c is measured, not assumed) but proposes the target's own greedy tokens,
 each replaced by a uniformly random one with probability ``noise`` (α = 1 − noise + noise/V).
-The accept/resample rule keeps the output exactly the target's whatever the drafter does.
+The accept/resample rule keeps the output exactly the target's whatever the drafter does;
+in bf16 the verify forward (γ + 1 tokens) rounds differently from a 1-token step, which can
+flip a near-tied argmax. So each output is checked against the target-only one token for
+token, and where they differ ``first_divergence`` reports the first position and the
+target's top-2 logit margin there: a margin of a bf16 rounding step is numerics, a large
+one is a bug.
 
 Steps, all printed and saved to ``--json``:
   1. the memory-bound curve: target forward latency vs tokens per forward (1 … 256);
@@ -17,7 +26,9 @@ Steps, all printed and saved to ``--json``:
   3. dial-α sweep: speculative vs target-only tokens/s (interleaved, medians) against
      Leviathan's (1 − α^(γ+1)) / ((1 − α)(γc + 1)) and the same with the measured verify cost;
   4. HF ``generate(assistant_model=draft)`` vs ours with the same random draft at the same γ
-     (α ≈ 0 for both: this compares the loops' overhead, not the draft's quality).
+     (α ≈ 0 for both: this compares the loops' overhead, not the draft's quality);
+  5. where one round's time goes: ``speculative_generate(..., profile=True)`` (device synced at
+     every phase boundary, so it is slower than the timed runs above, which sync once per round).
 """
 
 from __future__ import annotations
@@ -37,25 +48,29 @@ from transformers import LlamaConfig, LlamaForCausalLM
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
 from specdec_edu import autoregressive_generate, expected_speedup, speculative_generate  # noqa: E402
-from specdec_edu.bench import _configure_hf_assistant  # noqa: E402
+from specdec_edu.bench import configure_hf_assistant  # noqa: E402
+from specdec_edu.diagnostics import first_divergence  # noqa: E402
 from specdec_edu.experiments import ReplayDrafter, interleaved_benchmark  # noqa: E402
-from specdec_edu.generate import _sync  # noqa: E402
 from specdec_edu.measure import forward_seconds, latency_curve, parameter_bytes  # noqa: E402
+from specdec_edu.result import sync  # noqa: E402
 
-# name: (hidden, layers, intermediate, heads, kv heads). Vocabulary shared by target and draft.
+# name: (hidden, layers, intermediate, heads, kv heads). Vocabulary (and whether the LM head is the
+# embedding matrix, "tied") shared by target and draft.
 SIZES = {
-    "1b": {"target": (2048, 22, 5632, 32, 4), "draft": (768, 8, 2048, 12, 4), "vocab": 32000},  # ~1.1B / ~100M
-    "tiny": {"target": (64, 2, 128, 4, 2), "draft": (32, 1, 64, 2, 1), "vocab": 256},
+    # HuggingFaceTB/SmolLM2-1.7B and SmolLM2-135M (config.json): 1,711,376,384 and 134,515,008 parameters
+    "smollm2": {"target": (2048, 24, 8192, 32, 32), "draft": (576, 30, 1536, 9, 3), "vocab": 49152, "tied": True},
+    "1b": {"target": (2048, 22, 5632, 32, 4), "draft": (768, 8, 2048, 12, 4), "vocab": 32000, "tied": False},  # ~1.1B / ~100M
+    "tiny": {"target": (64, 2, 128, 4, 2), "draft": (32, 1, 64, 2, 1), "vocab": 256, "tied": False},
 }
 NOISES = (0.0, 0.2, 0.4, 0.6)  # α ≈ 1.0, 0.8, 0.6, 0.4
 
 
-def make_model(shape, vocab: int, device, dtype, seed: int) -> LlamaForCausalLM:
+def make_model(shape, vocab: int, device, dtype, seed: int, tied: bool = False) -> LlamaForCausalLM:
     """A randomly initialised Llama of the given shape, built directly on ``device``."""
     hidden, layers, inter, heads, kv_heads = shape
     config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, intermediate_size=inter,
                          num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=4096,
-                         tie_word_embeddings=False)
+                         tie_word_embeddings=tied)
     torch.manual_seed(seed)
     with torch.device(device):
         model = LlamaForCausalLM(config)
@@ -63,13 +78,26 @@ def make_model(shape, vocab: int, device, dtype, seed: int) -> LlamaForCausalLM:
     return model.to(dtype).eval().requires_grad_(False)
 
 
+def generated(result) -> torch.Tensor:
+    """``[n]`` the new tokens of a one-prompt ``GenerationResult``."""
+    return result.row(0)
+
+
+def describe(divergence: dict | None) -> str:
+    """One line for ``first_divergence``'s report: "identical", or where and by what margin it differs."""
+    if divergence is None:
+        return "identical"
+    return (f"differs at token {divergence['position']} ({divergence['reference_token']} → "
+            f"{divergence['candidate_token']}; target's top-2 margin {divergence['top2_margin']:.3g})")
+
+
 def median_seconds(fns: dict, repeats: int, device: torch.device) -> dict[str, float]:
     """Median seconds per method: A B C … in turn, one warm-up then ``repeats`` rounds, device synced around each call."""
     def timed(fn):
-        _sync(device)
+        sync(device)
         start = time.perf_counter()
         fn()
-        _sync(device)
+        sync(device)
         return time.perf_counter() - start
 
     seconds = interleaved_benchmark({name: (lambda fn=fn: timed(fn)) for name, fn in fns.items()},
@@ -79,7 +107,7 @@ def median_seconds(fns: dict, repeats: int, device: torch.device) -> dict[str, f
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--size", choices=sorted(SIZES), default="1b")
+    parser.add_argument("--size", choices=list(SIZES), default="smollm2")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default=None,
                         help="default: bfloat16 on CUDA, float32 elsewhere")
@@ -96,8 +124,8 @@ def main(argv=None) -> dict:
         parser.error("--device cuda but torch sees no GPU; use --device cpu (with --size tiny)")
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
     spec = SIZES[args.size]
-    target = make_model(spec["target"], spec["vocab"], device, dtype, seed=0)
-    draft = make_model(spec["draft"], spec["vocab"], device, dtype, seed=1)
+    target = make_model(spec["target"], spec["vocab"], device, dtype, seed=0, tied=spec["tied"])
+    draft = make_model(spec["draft"], spec["vocab"], device, dtype, seed=1, tied=spec["tied"])
     n_t = sum(p.numel() for p in target.parameters())
     n_d = sum(p.numel() for p in draft.parameters())
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
@@ -122,22 +150,25 @@ def main(argv=None) -> dict:
 
     # 3. Dial-α sweep against the formula.
     n_new = args.max_new_tokens
-    reference = autoregressive_generate(target, prompt, max_new_tokens=n_new).sequences[0]
+    reference_new = generated(autoregressive_generate(target, prompt, max_new_tokens=n_new))
+    reference = torch.cat([prompt[0], reference_new]).cpu()  # the drafter reads it on the host, as the loop's context is
     target_only = lambda: autoregressive_generate(target, prompt, max_new_tokens=n_new)
     rows = []
     print(f"\n3. dial-α drafter (γ = {g}, {n_new} new tokens, medians of {args.repeats}, interleaved)")
-    print("   noise   α(dial)  α(run)   tok/s spec  tok/s target  speedup  Leviathan  w/ verify cost  identical")
+    print("   noise   α(dial)  α(run)   tok/s spec  tok/s target  speedup  Leviathan  w/ verify cost  same as target")
     for noise in NOISES:
         drafter = ReplayDrafter(reference, noise, spec["vocab"], cost_model=draft)
-        run = lambda: speculative_generate(target, drafter, prompt, max_new_tokens=n_new, gamma=g,
-                                           generator=torch.Generator(device=device).manual_seed(0))
+        run = lambda drafter=drafter: speculative_generate(target, drafter, prompt, max_new_tokens=n_new, gamma=g,
+                                                           generator=torch.Generator(device=device).manual_seed(0))
         med = median_seconds({"target": target_only, "spec": run}, args.repeats, device)
         result = run()
+        new = generated(result)
         alpha = result.stats.alpha
+        divergence = first_divergence(target, prompt, reference_new, new)
         row = {
             "noise": noise, "alpha_dial": drafter.alpha, "alpha": alpha, "tau": result.stats.tau,
-            "target_only_tok_s": n_new / med["target"], "speculative_tok_s": len(result.new_tokens) / med["spec"],
-            "identical_to_target": result.sequences[0].tolist() == reference.tolist(),
+            "target_only_tok_s": n_new / med["target"], "speculative_tok_s": len(new) / med["spec"],
+            "identical_to_target": divergence is None, "divergence": divergence,
         }
         row["speedup"] = row["speculative_tok_s"] / row["target_only_tok_s"]
         row["predicted_speedup"] = float(expected_speedup(min(alpha, 0.999999), g, c))
@@ -145,11 +176,11 @@ def main(argv=None) -> dict:
         rows.append(row)
         print(f"   {noise:5.2f}   {row['alpha_dial']:6.3f}  {alpha:6.3f}   {row['speculative_tok_s']:10.1f}  "
               f"{row['target_only_tok_s']:12.1f}  {row['speedup']:6.2f}×  {row['predicted_speedup']:8.2f}×  "
-              f"{row['predicted_speedup_verify_cost']:13.2f}×  {row['identical_to_target']}")
+              f"{row['predicted_speedup_verify_cost']:13.2f}×  {describe(divergence)}")
 
     # 4. The same random draft through HF's assisted generation and through ours.
     mask = torch.ones_like(prompt)
-    _configure_hf_assistant(draft, g)
+    configure_hf_assistant(draft, g)
 
     def hf():
         return target.generate(prompt, attention_mask=mask, assistant_model=draft, max_new_tokens=n_new,
@@ -162,10 +193,21 @@ def main(argv=None) -> dict:
     med = median_seconds({"target": target_only, "ours": ours, "hf": hf}, args.repeats, device)
     hf_vs = {k: n_new / v for k, v in med.items()}
     ours_result = ours()
-    ours_alpha = ours_result.stats.alpha
-    same_tokens = ours_result.new_tokens.tolist() == hf_tokens.tolist()
+    ours_new, ours_alpha = generated(ours_result), ours_result.stats.alpha
+    same_tokens = ours_new.tolist() == hf_tokens.tolist()
+    ours_divergence = first_divergence(target, prompt, reference_new, ours_new)
+    hf_divergence = first_divergence(target, prompt, reference_new, hf_tokens)
     print(f"\n4. same random draft (α = {ours_alpha:.3f}), γ = {g}: target-only {hf_vs['target']:.1f} tok/s · "
-          f"ours {hf_vs['ours']:.1f} · HF assisted {hf_vs['hf']:.1f} → ours / HF = {hf_vs['ours'] / hf_vs['hf']:.2f}× (same tokens: {same_tokens})")
+          f"ours {hf_vs['ours']:.1f} · HF assisted {hf_vs['hf']:.1f} → ours / HF = {hf_vs['ours'] / hf_vs['hf']:.2f}× "
+          f"(same tokens: {same_tokens})\n   vs target-only: ours {describe(ours_divergence)} · HF {describe(hf_divergence)}")
+
+    # 5. One round's parts, from the loop itself (profile=True syncs the device at each phase boundary).
+    profiled = speculative_generate(target, draft, prompt, max_new_tokens=n_new, gamma=g, profile=True).stats
+    phases_ms = {phase: 1e3 * statistics.median(times) for phase, times in profiled.phase_seconds.items()}
+    draft_ms_per_token = 1e3 * profiled.draft_seconds_per_token
+    print(f"\n5. one round, same draft, profile=True (median ms over {profiled.rounds} rounds): "
+          + " · ".join(f"{phase} {ms:.2f}" for phase, ms in phases_ms.items())
+          + f"; draft {draft_ms_per_token:.2f} ms per drafted token")
 
     out = {
         "device": str(device), "device_name": name, "dtype": str(dtype).replace("torch.", ""), "size": args.size,
@@ -175,7 +217,8 @@ def main(argv=None) -> dict:
         "dial": rows,
         "same_draft": {"alpha": ours_alpha, "target_only_tok_s": hf_vs["target"], "speculative_tok_s": hf_vs["ours"],
                        "hf_assisted_tok_s": hf_vs["hf"], "ours_over_hf": hf_vs["ours"] / hf_vs["hf"],
-                       "identical_to_hf": same_tokens},
+                       "identical_to_hf": same_tokens, "divergence": ours_divergence, "hf_divergence": hf_divergence},
+        "round_ms": {**phases_ms, "draft_per_token": draft_ms_per_token},
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "transformers": transformers.__version__},
     }

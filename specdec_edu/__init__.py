@@ -5,9 +5,19 @@ rate, γ = draft length, c = draft/target cost ratio.
 """
 
 from .drafters import Drafter, ModelDrafter, PromptLookupDrafter
-from .generate import GenerationResult, GenerationStats, autoregressive_generate, speculative_generate
+from .embedded import chat_prompt, default_pair, load_embedded_pair, load_pair
+from .feature_drafters import EagleDrafter, MedusaDrafter, load_drafter
+from .generate import autoregressive_generate, speculative_generate
+from .result import GenerationResult, GenerationStats
 from .sampling import logits_to_probs, sample
-from .theory import alpha_from_tau, expected_speedup, expected_tokens_per_round, optimal_gamma
+from .theory import (
+    alpha_from_tau,
+    expected_speedup,
+    expected_tokens_per_round,
+    optimal_gamma,
+    output_distribution,
+    total_variation,
+)
 from .verify import accept_and_resample, acceptance_probability, residual_distribution
 
 __version__ = "0.1.0"
@@ -16,6 +26,9 @@ __all__ = [
     "Drafter",
     "ModelDrafter",
     "PromptLookupDrafter",
+    "EagleDrafter",
+    "MedusaDrafter",
+    "load_drafter",
     "GenerationResult",
     "GenerationStats",
     "autoregressive_generate",
@@ -26,14 +39,13 @@ __all__ = [
     "expected_speedup",
     "expected_tokens_per_round",
     "optimal_gamma",
+    "output_distribution",
+    "total_variation",
     "accept_and_resample",
     "acceptance_probability",
     "residual_distribution",
+    "chat_prompt",
+    "default_pair",
+    "load_embedded_pair",
+    "load_pair",
 ]
-
-try:  # the embedded pair and hub loaders (need gguf/accelerate only on first conversion)
-    from .embedded import chat_prompt, default_pair, load_embedded_pair, load_pair  # noqa: F401
-
-    __all__ += ["chat_prompt", "default_pair", "load_embedded_pair", "load_pair"]
-except ImportError:  # pragma: no cover - embedded.py is being written
-    pass

@@ -16,13 +16,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import kv
-from .drafters import ModelDrafter, PromptLookupDrafter
-from .generate import _sync, autoregressive_generate, speculative_generate
+from .drafters import PromptLookupDrafter
+from .feature_drafters import load_drafter
+from .generate import autoregressive_generate, speculative_generate
 from .measure import forward_seconds
-from .sampling import logits_to_probs
+from .result import GenerationStats, sync
 from .theory import expected_speedup
-from .verify import accept_and_resample
 
 CHAT_PROMPTS = [  # open questions (not in the draft's training prompts)
     "Why do leaves change colour in autumn? Answer in a short paragraph.",
@@ -58,7 +57,7 @@ def _hf_generate(target, ids, max_new_tokens, eos, **kw):
     )[0, ids.shape[1]:].tolist()
 
 
-def _configure_hf_assistant(draft, gamma: int | None):
+def configure_hf_assistant(draft, gamma: int | None):
     """HF reads the draft length from the assistant's generation_config. gamma=None restores HF's
     out-of-the-box behaviour (up to 20 drafts, stopping early when the draft's confidence drops)."""
     cfg = draft.generation_config
@@ -68,63 +67,56 @@ def _configure_hf_assistant(draft, gamma: int | None):
         cfg.num_assistant_tokens, cfg.num_assistant_tokens_schedule, cfg.assistant_confidence_threshold = gamma, "constant", 0.0
 
 
+DRAFTERS = ("model", "prompt-lookup", "eagle", "medusa")
+
+
+def bench_drafter(kind: str, target, draft):
+    """The drafter object that ``kind`` names: the pair's draft model, prompt lookup, or a trained feature drafter."""
+    if kind == "model":
+        return draft
+    if kind == "prompt-lookup":
+        return PromptLookupDrafter()
+    return load_drafter(kind, target)
+
+
 def methods_for(target, draft, drafter: str, gamma: int, eos):
-    """{name: fn(ids, max_new_tokens) -> (new token ids, our stats or None)}."""
+    """{name: fn(ids, max_new_tokens) -> (new token ids, our stats or None)}.
+
+    Hugging Face has a counterpart for the draft model (assisted generation) and for prompt lookup;
+    for EAGLE / Medusa we compare with target-only decoding only."""
     def ours_target(ids, n):
         r = autoregressive_generate(target, ids, max_new_tokens=n, eos_token_id=eos)
-        return r.new_tokens.tolist(), r.stats
+        return r.row(0).tolist(), r.stats
 
     def ours_spec(d):
         def run(ids, n):
             r = speculative_generate(target, d, ids, max_new_tokens=n, gamma=gamma, eos_token_id=eos)
-            return r.new_tokens.tolist(), r.stats
+            return r.row(0).tolist(), r.stats
         return run
 
     def hf_assisted(g):
         def run(ids, n):
-            _configure_hf_assistant(draft, g)
+            configure_hf_assistant(draft, g)
             return _hf_generate(target, ids, n, eos, assistant_model=draft), None
         return run
 
     methods = {"target_only": ours_target, "hf_target_only": lambda ids, n: (_hf_generate(target, ids, n, eos), None)}
+    methods["speculative"] = ours_spec(bench_drafter(drafter, target, draft))
     if drafter == "model":
-        methods["speculative"] = ours_spec(ModelDrafter(draft))
         methods["hf_assisted"] = hf_assisted(gamma)
         methods["hf_assisted_default"] = hf_assisted(None)
-    else:
-        methods["speculative"] = ours_spec(PromptLookupDrafter())
+    elif drafter == "prompt-lookup":
         methods["hf_prompt_lookup"] = lambda ids, n: (_hf_generate(target, ids, n, eos, prompt_lookup_num_tokens=gamma), None)
     return methods
 
 
-def profile_round(target, draft, ids, gamma: int, repeats: int = 5) -> dict[str, float]:
-    """Median milliseconds of each part of one round, from the package's own pieces."""
-    drafter = draft if hasattr(draft, "propose") else ModelDrafter(draft)
-    to_probs = lambda logits: logits_to_probs(logits, temperature=0)
-    seq = ids[0].to(target.device)
-    parts = {"draft": [], "verify_forward": [], "accept_resample": [], "cache_crop": [], "python_overhead": []}
-    for _ in range(repeats):
-        if hasattr(drafter, "reset"):  # a fresh draft cache every repeat, as speculative_generate does
-            drafter.reset()
-        cache = kv.new_cache(target)
-        kv.forward(target, seq[None, :-1], cache)
-        drafter.propose(seq, gamma, to_probs, None)  # warm the drafter's cache on the prompt
-        t = [time.perf_counter()]
-        drafts, q = drafter.propose(seq, gamma, to_probs, None)
-        _sync(target.device); t.append(time.perf_counter())
-        logits = kv.forward(target, torch.cat([seq[-1:], drafts])[None], cache).logits[0]
-        _sync(target.device); t.append(time.perf_counter())
-        q = torch.nn.functional.pad(q, (0, logits.shape[-1] - q.shape[-1]))
-        n, nxt = accept_and_resample(to_probs(logits), q, drafts)
-        t.append(time.perf_counter())
-        kv.crop(cache, len(drafts) - n)
-        _sync(target.device); t.append(time.perf_counter())
-        seq2 = torch.cat([seq, drafts[:n], torch.tensor([nxt], device=seq.device)])  # bookkeeping
-        t.append(time.perf_counter())
-        del seq2
-        for key, a, b in zip(parts, t, t[1:]):
-            parts[key].append(b - a)
-    return {k: 1000 * statistics.median(v) for k, v in parts.items()}
+def profile_round(target, draft, ids, gamma: int, max_new_tokens: int = 32) -> dict[str, float]:
+    """Median milliseconds of each phase of a round (draft, verify forward, accept/resample, cache crop),
+    measured inside ``speculative_generate`` itself (``profile=True``: a device sync at every phase boundary)."""
+    run = lambda: speculative_generate(target, draft, ids, max_new_tokens=max_new_tokens, gamma=gamma, profile=True)
+    run()  # warm-up: first calls pay for allocations and lazy initialisation
+    phases = run().stats.phase_seconds
+    return {name: 1000 * statistics.median(seconds) for name, seconds in phases.items()}
 
 
 def run_bench(target, draft, inputs, *, eos_token_id=None, drafter="model", gamma=4, max_new_tokens=64, repeats=3, progress=True):
@@ -134,13 +126,13 @@ def run_bench(target, draft, inputs, *, eos_token_id=None, drafter="model", gamm
     """
     from tqdm.auto import tqdm
 
-    if drafter not in ("model", "prompt-lookup"):
-        raise ValueError(f"drafter={drafter!r}: use 'model' or 'prompt-lookup'")
+    if drafter not in DRAFTERS:
+        raise ValueError(f"drafter={drafter!r}: use one of {', '.join(map(repr, DRAFTERS))}")
     eos = eos_token_id
     methods = methods_for(target, draft, drafter, gamma, eos)
     results = {name: MethodResult(name) for name in methods}
 
-    for name, fn in methods.items():  # warm-up: first calls pay for allocations and lazy init
+    for fn in methods.values():  # warm-up: first calls pay for allocations and lazy init
         fn(inputs[0], 8)
     bar = tqdm(total=repeats * len(methods) * len(inputs), desc="bench", disable=not progress)
     for _ in range(repeats):
@@ -149,7 +141,7 @@ def run_bench(target, draft, inputs, *, eos_token_id=None, drafter="model", gamm
             for ids in inputs:
                 start = time.perf_counter()
                 out, st = fn(ids, max_new_tokens)
-                _sync(target.device)
+                sync(target.device)
                 seconds += time.perf_counter() - start
                 tokens += len(out)
                 outs.append(out)
@@ -164,7 +156,8 @@ def run_bench(target, draft, inputs, *, eos_token_id=None, drafter="model", gamm
 def left_padded_batch(tokenizer, prompts: list[str], batch_size: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """``batch_size`` chat prompts (``prompts`` cycled), LEFT-padded: ``(input_ids [B, n], attention_mask [B, n])``."""
     texts = [
-        tokenizer.apply_chat_template([{"role": "user", "content": prompts[i % len(prompts)]}], tokenize=False, add_generation_prompt=True)
+        tokenizer.apply_chat_template([{"role": "user", "content": prompts[i % len(prompts)]}], tokenize=False,
+                                      add_generation_prompt=True)
         for i in range(batch_size)
     ]
     side = tokenizer.padding_side
@@ -189,7 +182,8 @@ def run_batch_sweep(target, draft, tokenizer, batch_sizes, *, gamma=4, max_new_t
     def pair_of_runs(b):
         ids, mask = left_padded_batch(tokenizer, CHAT_PROMPTS, b, target.device)
         ar = autoregressive_generate(target, ids, attention_mask=mask, max_new_tokens=max_new_tokens, pad_token_id=pad)
-        sd = speculative_generate(target, draft, ids, attention_mask=mask, max_new_tokens=max_new_tokens, gamma=gamma, pad_token_id=pad)
+        sd = speculative_generate(target, draft, ids, attention_mask=mask, max_new_tokens=max_new_tokens, gamma=gamma,
+                                  pad_token_id=pad)
         return ar, sd
 
     pair_of_runs(2)
@@ -202,13 +196,14 @@ def run_batch_sweep(target, draft, tokenizer, batch_sizes, *, gamma=4, max_new_t
             "speculative_tok_s": sd.stats.tokens_per_second,
             "speedup": sd.stats.tokens_per_second / ar.stats.tokens_per_second,
             "alpha": sd.stats.alpha,
-            "identical_rows": [t.tolist() for t in ar.new_tokens] == [t.tolist() for t in sd.new_tokens],
+            "identical_rows": ar.new_tokens.tolist() == sd.new_tokens.tolist() and ar.lengths == sd.lengths,
         })
     return rows
 
 
 def format_batch_table(rows: list[dict]) -> str:
-    lines = ["| batch | target-only tok/s | speculative tok/s | × target-only | α | rows identical |", "|---:|---:|---:|---:|---:|:---:|"]
+    lines = ["| batch | target-only tok/s | speculative tok/s | × target-only | α | rows identical |",
+             "|---:|---:|---:|---:|---:|:---:|"]
     for r in rows:
         lines.append(f"| {r['batch']} | {r['target_only_tok_s']:.1f} | {r['speculative_tok_s']:.1f} | {r['speedup']:.2f} | "
                      f"{r['alpha']:.2f} | {'yes' if r['identical_rows'] else 'NO'} |")
@@ -216,18 +211,14 @@ def format_batch_table(rows: list[dict]) -> str:
 
 
 def default_prompts(drafter: str) -> list[str]:
-    return CHAT_PROMPTS if drafter == "model" else GROUNDED_PROMPTS
+    return GROUNDED_PROMPTS if drafter == "prompt-lookup" else CHAT_PROMPTS
 
 
 def summarise(target, draft, results, drafter, gamma, inputs):
     spec, base = results["speculative"], results["target_only"]
-    accepted = sum(s.accepted for s in spec.stats)
-    judged = accepted + sum(s.rejected_rounds for s in spec.stats)
-    alpha = accepted / judged if judged else float("nan")
-    tau = sum(s.new_tokens for s in spec.stats) / sum(s.rounds for s in spec.stats)
-    t_target = sum(s.verify_seconds for s in base.stats) / sum(s.rounds for s in base.stats)
-    drafted = sum(s.drafted for s in spec.stats)
-    c = (sum(s.draft_seconds for s in spec.stats) / drafted) / t_target if drafted else 0.0
+    pooled, baseline = GenerationStats.pooled(spec.stats), GenerationStats.pooled(base.stats)
+    alpha, tau, drafted = pooled.alpha, pooled.tau, pooled.drafted
+    c = pooled.draft_seconds_per_token / baseline.target_seconds_per_forward if drafted else 0.0
     verify_cost = forward_seconds(target, gamma + 1) / forward_seconds(target, 1)
     reference = base.outputs
     out = {
@@ -238,7 +229,7 @@ def summarise(target, draft, results, drafter, gamma, inputs):
         "speculative_tok_s": spec.median,
         "speedup": spec.median / base.median,
         "alpha": alpha,
-        "acceptance_rate": accepted / drafted if drafted else float("nan"),
+        "acceptance_rate": pooled.acceptance_rate,
         "tau": tau,
         "c": c,
         "verify_cost": verify_cost,
@@ -247,9 +238,10 @@ def summarise(target, draft, results, drafter, gamma, inputs):
         "identical_outputs": {name: r.outputs == reference for name, r in results.items()},
         "tok_s": {name: r.median for name, r in results.items()},
         "tok_s_per_repeat": {name: r.tokens_per_second for name, r in results.items()},
-        "round_profile_ms": profile_round(target, draft if drafter == "model" else PromptLookupDrafter(), inputs[0], gamma),
+        "round_profile_ms": profile_round(target, bench_drafter(drafter, target, draft), inputs[0], gamma),
         "device": str(target.device),
-        "device_name": torch.cuda.get_device_name() if target.device.type == "cuda" else platform.processor() or platform.machine(),
+        "device_name": (torch.cuda.get_device_name() if target.device.type == "cuda"
+                        else platform.processor() or platform.machine()),
         "threads": torch.get_num_threads(),
         "dtype": str(target.dtype).replace("torch.", ""),
         "versions": _versions(),
@@ -269,7 +261,8 @@ def _versions():
 
     from . import __version__
 
-    return {"specdec_edu": __version__, "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version()}
+    return {"specdec_edu": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
+            "python": platform.python_version()}
 
 
 def format_table(result: dict) -> str:
@@ -319,7 +312,8 @@ def save_json(result: dict, path: str) -> None:
 # ---- command line: python -m specdec_edu bench ----------------------------------------------------
 def add_arguments(parser) -> None:
     parser.add_argument("--pair", default="embedded", help="'embedded' (default, offline) or a hub pair: smollm2, qwen2.5")
-    parser.add_argument("--drafter", choices=["model", "prompt-lookup"], default="model")
+    parser.add_argument("--drafter", choices=DRAFTERS, default="model",
+                        help="model: the pair's draft model; eagle / medusa: trained feature drafters (assets/)")
     parser.add_argument("--gamma", type=int, default=4, help="draft tokens per round (default 4)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats; medians are reported")
@@ -342,7 +336,7 @@ def main(args) -> int:
     try:
         batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b.strip()]
     except ValueError:
-        raise SystemExit(f"--batch-sizes {args.batch_sizes!r}: give whole numbers separated by commas, e.g. 1,4,16")
+        raise SystemExit(f"--batch-sizes {args.batch_sizes!r}: give whole numbers separated by commas, e.g. 1,4,16") from None
     if any(b < 1 for b in batch_sizes) or (batch_sizes and args.drafter != "model"):
         raise SystemExit("--batch-sizes needs positive sizes and --drafter model (batched drafting uses a draft model)")
     target, draft, tokenizer = load_pair(args.pair, device=args.device)

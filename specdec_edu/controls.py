@@ -1,16 +1,45 @@
-"""Deliberately WRONG verification rules: negative controls.
+"""Deliberately WRONG verification rules and drafters: negative controls.
 
-A statistical test that cannot fail proves nothing. These variants have the same
-signature as ``accept_and_resample`` and each breaks one piece of it; the exactness
-tests (and notebook 05) run them through the same checks and must reject them.
+A statistical test that cannot fail proves nothing. The rules here have the same
+signature as ``accept_and_resample``, ``(p [γ+1, V], q [γ, V], drafts [γ], generator)
+-> (n_accepted, next_token)``, and :class:`MisreportedQDrafter` speaks the drafter
+protocol; each breaks exactly one piece of speculative sampling. The exactness tests
+(and notebook 05) run them through the same checks as the real thing and must reject
+every one of them.
+
+Every control also works for a round with no drafts (γ = 0: p is ``[1, V]``), which
+``speculative_generate`` runs when only one token of room is left.
 """
 
 from __future__ import annotations
 
 import torch
 
+from .drafters import ModelDrafter
 from .sampling import sample
-from .verify import acceptance_probability
+from .verify import accept_and_resample, acceptance_probability, residual_distribution
+
+__all__ = [
+    "accept_always",
+    "resample_from_target",
+    "bonus_from_previous_position",
+    "residual_one_position_late",
+    "MisreportedQDrafter",
+    "BROKEN_RULES",
+]
+
+
+def n_accepted(p: torch.Tensor, q: torch.Tensor, draft_tokens: torch.Tensor, generator=None) -> int:
+    """The *correct* acceptance step alone: the length of the accepted prefix (0..γ).
+
+    Draws γ uniforms, like ``verify_drafts``, so a control that reuses it differs from
+    the real rule only in the piece it breaks.
+    """
+    gamma = draft_tokens.shape[0]
+    positions = torch.arange(gamma, device=p.device)
+    u = torch.rand(gamma, generator=generator, device=p.device, dtype=p.dtype)
+    accepted = u < acceptance_probability(p[positions, draft_tokens], q[positions, draft_tokens])
+    return int(accepted.long().cumprod(0).sum())
 
 
 def accept_always(p, q, draft_tokens, generator=None):
@@ -25,9 +54,78 @@ def resample_from_target(p, q, draft_tokens, generator=None):
     Tokens the draft over-proposes get extra mass twice: by acceptance and again
     by the resample, so the output is skewed towards q.
     """
-    gamma = draft_tokens.shape[0]
-    positions = torch.arange(gamma, device=p.device)
-    u = torch.rand(gamma, generator=generator, device=p.device, dtype=p.dtype)
-    accepted = u < acceptance_probability(p[positions, draft_tokens], q[positions, draft_tokens])
-    n = int(accepted.cumprod(0).sum())
+    n = n_accepted(p, q, draft_tokens, generator)
     return n, int(sample(p[n], generator))
+
+
+def bonus_from_previous_position(p, q, draft_tokens, generator=None):
+    """Correct rule, except that the bonus token comes from p_{γ−1} instead of p_γ (an off-by-one).
+
+    p_{γ−1} is the target's distribution for the *last draft's* position, not for the
+    position after it, so after a fully accepted round the extra token follows the
+    wrong distribution (often repeating what the last draft was likely to be).
+    Accepted and corrected tokens stay right: only rounds that accept everything go wrong.
+    """
+    if draft_tokens.shape[0] == 0:  # no drafts: nothing to shift, the target's own token
+        return accept_and_resample(p, q, draft_tokens, generator)
+    shifted = torch.cat([p[:-1], p[-2:-1]])  # row γ replaced by row γ−1
+    return accept_and_resample(shifted, q, draft_tokens, generator)
+
+
+def residual_one_position_late(p, q, draft_tokens, generator=None):
+    """Correct acceptance, but after a rejection at position n the residual of position n+1.
+
+    normalize(max(0, p_{n+1} − q_{n+1})) is the correction for a token the round never
+    reaches; the emitted token should replace draft n, whose distributions are p_n and q_n.
+    When n + 1 is past the last draft (n = γ−1) there is no later draft, so the residual
+    of position γ−1 (the right one) is used: the error is in rejections before the last draft.
+    """
+    gamma = draft_tokens.shape[0]
+    n = n_accepted(p, q, draft_tokens, generator)
+    if n == gamma:  # everything accepted: the bonus from p_γ, as in the real rule
+        return n, int(sample(p[gamma], generator))
+    late = min(n + 1, gamma - 1)
+    return n, int(sample(residual_distribution(p[late], q[late]), generator))
+
+
+# The broken rules by name, for tests that run every control through the same check.
+BROKEN_RULES = {
+    "accept_always": accept_always,
+    "resample_from_target": resample_from_target,
+    "bonus_from_previous_position": bonus_from_previous_position,
+    "residual_one_position_late": residual_one_position_late,
+}
+
+
+class MisreportedQDrafter:
+    """A draft model that samples from one q and reports another.
+
+    Each token is drawn from the run's q = ``to_probs(logits)`` (temperature, top-k,
+    top-p applied), but the q it returns is the *raw* ``softmax(logits)``, as if the
+    warpers had been forgotten when reporting. The rule then accepts x with probability
+    min(1, p(x)/q_raw(x)) although x was drawn with q_warped(x): a token the warpers
+    made likelier (the top ones, at temperature < 1) is accepted more often than
+    min(p, q) allows, and the residual max(0, p − q_raw) no longer fills the gap, so the
+    output leans towards the draft. (Correct whenever the warpers are the identity:
+    temperature 1, no top-k, no top-p.)
+
+    The reverse bug (sampling raw, reporting warped) would also break exactness, but with
+    top-k/top-p it proposes tokens of reported q = 0, which ``speculative_generate``
+    refuses with an error before any statistics are needed.
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        self.inner = ModelDrafter(model)
+
+    def reset(self) -> None:
+        self.inner.reset()
+
+    def propose(self, context, gamma, to_probs, generator=None):
+        reported = []
+
+        def sample_warped_report_raw(logits):
+            reported.append(torch.softmax(logits.float(), -1))
+            return to_probs(logits)
+
+        tokens, _ = self.inner.propose(context, gamma, sample_warped_report_raw, generator)
+        return tokens, torch.stack(reported)

@@ -281,7 +281,7 @@ def print_report(report: DrafterReport, tokenizer, settings: DemoSettings, out: 
     print(f"\n=== {DRAFTER_LABELS[report.drafter]} (γ={settings.gamma}) ===", file=out)
     print(f"prompt: {_shorten(report.prompt)}", file=out)
     pieces = token_pieces(tokenizer, report.new_tokens)
-    print(mark_tokens(pieces, list(report.speculative.token_sources), settings.color), file=out)
+    print(mark_tokens(pieces, list(report.speculative.token_sources[0]), settings.color), file=out)
     print(f"({stats.new_tokens} tokens in {stats.rounds} target forward passes; "
           f"{stats.accepted} of {stats.drafted} drafts accepted)", file=out)
 
@@ -364,8 +364,9 @@ def load_models(settings: DemoSettings, device=None):
     If the draft model is missing but prompt lookup can still run (``--drafter both``),
     carry on without it and say so, rather than fail.
     """
-    from .embedded import EmbeddedModelError, load_embedded_draft, load_embedded_target
-    from .embedded import default_device, load_embedded_tokenizer
+    from .devices import default_device
+    from .embedded import load_embedded_draft, load_embedded_target, load_embedded_tokenizer
+    from .weights import EmbeddedModelError
 
     device = torch.device(device) if device is not None else default_device()
     target = load_embedded_target(device)
@@ -384,7 +385,7 @@ def load_models(settings: DemoSettings, device=None):
 
 def main(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """``python -m specdec_edu demo``: load the embedded pair and run :func:`run_demo`."""
-    from .embedded import EmbeddedModelError
+    from .weights import EmbeddedModelError
 
     out = out or sys.stdout
     settings = settings_from_args(args, out)

@@ -12,12 +12,14 @@ first V' <= V token ids: tokens outside get q = 0, meaning "never proposed", whi
 leaves speculative sampling exact.
 
 A drafter never needs to be told about rejections: it sees the new context on the
-next call and can compare it with what it has cached.
+next call and can compare it with the context of its last call. ``speculative_generate``
+passes ``context`` as a host (CPU) tensor, so that comparison costs no device sync.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -49,40 +51,129 @@ class ModelDrafter:
         head_size: if set (or if ``model.config.draft_vocab_size`` is), only the
             first ``head_size`` token ids get logits: a cheaper head whose other
             tokens have q = 0 (``speculative_generate`` pads q with zeros).
+        static_cache: keep K/V in a preallocated ``StaticCache`` (see ``kv.StaticKV``)
+            instead of a growing ``DynamicCache``. Same output; needed by ``compile``.
+        max_cache_len: positions the static cache holds (default: the model's
+            ``max_position_embeddings``). Smaller is faster (every step attends over all
+            slots, masked or not); a generation that needs more raises, naming the fix.
+        compile: run the one-token decode step through ``torch.compile`` (needs
+            ``static_cache=True``). Off by default: compiling takes seconds to minutes and
+            pays off only over many steps, mostly on a GPU.
+        compile_options: keyword arguments for ``torch.compile``, over the defaults
+            ``dynamic=False, fullgraph=False`` (tests pass ``{"backend": "aot_eager"}``).
+            ``dynamic=False`` because the step always has the same shapes (ids ``[1, 1]``,
+            positions ``[1]``, a cache of ``max_cache_len`` slots) and the position is a
+            tensor argument, not a Python int: one compilation serves every step, and a
+            changed shape would be a bug to surface, not to recompile for. The mode stays
+            the default (fused kernels, no CUDA graphs); ``{"mode": "reduce-overhead"}``
+            adds CUDA graphs, which cut launch overhead further (not tested here).
+
+    **Cache bookkeeping without a device sync.** The cache holds the K/V of the last
+    context plus the drafts fed after it (γ − 1: the last draft is never fed). To reuse
+    them, the drafter must know how much of the new context it has already seen.
+    Comparing the new context with the drafted tokens would need those tokens on the
+    host: a device→host sync every round. Instead the drafter remembers the last
+    context (a host tensor, as the loop passes it) and relies on the loop's contract:
+    a round emits the accepted drafts, then ONE token of the target's. So if the new
+    context extends the last one by k tokens, the first k − 1 are accepted drafts,
+    whose K/V are already cached; only the rest is fed. A context that does not extend
+    the last one (a new prompt) falls back to the common prefix of the two host
+    contexts. If you call ``propose`` by hand with a context that extends the last one
+    by tokens that were *not* its drafts, call ``reset()`` first.
+
+    Exactness never depends on this cache: q is the distribution the drafter sampled
+    from, whatever it conditioned on. The acceptance rate α does, which is why the
+    tests compare q with a from-scratch recomputation after rollbacks.
+
+    Tokens and q come back on the model's device; nothing in ``propose`` waits for it.
     """
 
-    def __init__(self, model: torch.nn.Module, head_size: int | None = None):
+    def __init__(self, model: torch.nn.Module, head_size: int | None = None, *, static_cache: bool = False,
+                 max_cache_len: int | None = None, compile: bool = False, compile_options: dict | None = None):
+        if compile and not static_cache:
+            raise ValueError("compile=True needs static_cache=True: a compiled step needs fixed shapes, and a dynamic "
+                             "cache grows every step.")
         self.model = model
         self.head_size = head_size or getattr(model.config, "draft_vocab_size", None)
         self.vocab_size = model.config.vocab_size
+        # A reduced head runs the bare decoder, then multiplies by the first head_size rows only.
+        self._net = model if self.head_size is None else model.get_decoder()
+        self._net_kwargs = {"logits_to_keep": 1} if self.head_size is None else {}
+        self.static = None
+        if static_cache:
+            max_cache_len = max_cache_len or getattr(model.config, "max_position_embeddings", None)
+            if max_cache_len is None:
+                raise ValueError("static_cache=True needs max_cache_len (the model's config has no max_position_embeddings).")
+            self.static = kv.new_static_cache(self._net, max_cache_len)  # one object for all generations: compiled once
+        options = {"dynamic": False, "fullgraph": False, **(compile_options or {})}
+        self._decode = torch.compile(self._logits, **options) if compile else None  # the one-token step
         self.reset()
 
     def reset(self) -> None:
         """Forget the cache (e.g. before a new prompt)."""
-        self.cache = kv.new_cache(self.model)
-        self.cached_tokens = torch.empty(0, dtype=torch.long)  # tokens whose K/V are in the cache
+        if self.static is not None:
+            kv.crop(self.static, kv.cache_length(self.static))  # rewinding is enough: stale slots are masked, then overwritten
+            self.cache = self.static
+        else:
+            self.cache = kv.new_cache(self.model)
+        self.n_cached = 0  # positions in the cache (host int: never read back from the device)
+        self.last_context = torch.empty(0, dtype=torch.long)  # the context of the last propose, on the host
+        self.n_draft_cached = 0  # drafts fed after last_context: γ − 1 after a propose
+
+    def _logits(self, ids: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Feed ``ids`` ``[1, n]`` through the draft; logits ``[V']`` for the token after them."""
+        if positions is None:
+            out = kv.forward(self._net, ids, self.cache, **self._net_kwargs)
+        else:
+            out = kv.forward_at(self._net, ids, self.cache, positions, **self._net_kwargs)
+        if self.head_size is None:
+            return out.logits[0, -1]
+        return F.linear(out.last_hidden_state[0, -1], self.model.get_output_embeddings().weight[: self.head_size])
 
     def next_logits(self, new_tokens: torch.Tensor) -> torch.Tensor:
-        """Feed ``new_tokens`` ``[n]`` through the draft; logits ``[V']`` for the token after them."""
-        ids = new_tokens.view(1, -1).to(self.model.device)
-        if self.head_size is None:
-            return kv.forward(self.model, ids, self.cache, logits_to_keep=1).logits[0, -1]
-        # Reduced head: run the decoder, then multiply by the first head_size rows only.
-        hidden = kv.forward(self.model.get_decoder(), ids, self.cache).last_hidden_state[0, -1]
-        return F.linear(hidden, self.model.get_output_embeddings().weight[: self.head_size])
+        """Append ``new_tokens`` ``[n]`` (host or device) to the cache; logits ``[V']`` for the token after them."""
+        ids = to_device(new_tokens, self.model.device).view(1, -1)
+        if self._decode is not None and ids.shape[1] == 1:  # the compiled one-token step
+            logits = self._decode(ids, self.cache.reserve(1))
+        else:
+            logits = self._logits(ids)
+        self.n_cached += ids.shape[1]
+        return logits
+
+    def reusable_prefix(self, context: torch.Tensor) -> int:
+        """How many leading positions of the cache are still valid for ``context`` ``[n]`` (host).
+
+        Leaves at least one token to feed, so that the next call yields fresh logits.
+        """
+        last, n = self.last_context, len(context)
+        if n > len(last) and torch.equal(context[: len(last)], last):
+            accepted = n - len(last) - 1  # the round emitted accepted drafts, then one target token
+            keep = len(last) + min(accepted, self.n_draft_cached)
+        else:  # not an extension (a new prompt, or the same context again): what the contexts share
+            keep = common_prefix_length(last, context)
+        return min(keep, n - 1)
 
     @torch.no_grad()
     def propose(self, context, gamma, to_probs, generator=None):
-        """Draft ``gamma`` tokens after ``context`` ``[n]``; returns tokens ``[γ]`` and q ``[γ, V']``."""
-        # 1. Roll the cache back to what still matches the context (rejected drafts go),
-        #    keeping at least one token to feed so that we get fresh logits.
-        if self.cached_tokens.device != context.device:
-            self.cached_tokens = self.cached_tokens.to(context.device)
-        keep = min(common_prefix_length(self.cached_tokens, context), len(context) - 1)
-        kv.crop(self.cache, len(self.cached_tokens) - keep)
+        """Draft ``gamma`` tokens after ``context`` ``[n]`` (host); returns tokens ``[γ]`` and q ``[γ, V']``."""
+        context = context.cpu()  # the loop passes a host tensor already (a device one would cost a sync here)
+        if gamma < 1:
+            width = self.head_size or self.vocab_size
+            return torch.empty(0, dtype=torch.long, device=self.model.device), torch.zeros(0, width, device=self.model.device)
+        # 1. Roll the cache back to what still matches the context (rejected drafts go).
+        keep = self.reusable_prefix(context)
+        unreadable = context[keep:] >= self.model.get_input_embeddings().num_embeddings  # host tensors: no sync
+        if unreadable.any():
+            raise ValueError(
+                f"the context holds token id {int(context[keep:][unreadable][0])}, which the draft model cannot read "
+                f"(its embedding has {self.model.get_input_embeddings().num_embeddings} rows): the target produced an id "
+                "outside the draft's vocabulary. Use a draft with the target's tokenizer, or PromptLookupDrafter()."
+            )
+        kv.crop(self.cache, self.n_cached - keep)
+        self.n_cached = keep
         logits = self.next_logits(context[keep:])
 
-        # 2. Draft autoregressively: sample from q, feed the sample back in.
+        # 2. Draft autoregressively: sample from q, feed the sample back in (all on the device).
         tokens, qs = [], []
         for i in range(gamma):
             q_i = to_probs(logits)
@@ -91,9 +182,18 @@ class ModelDrafter:
             qs.append(q_i)
             if i < gamma - 1:  # the last draft need not be fed: nobody needs what comes after it yet
                 logits = self.next_logits(token)
-        tokens = torch.stack(tokens)
-        self.cached_tokens = torch.cat([context, tokens[:-1]])
-        return tokens, torch.stack(qs)
+        self.last_context, self.n_draft_cached = context, gamma - 1
+        return torch.stack(tokens), torch.stack(qs)
+
+
+def to_device(tokens: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Host tokens → ``device`` without waiting: a plain copy from pageable memory would
+    synchronize the CUDA stream, a copy from pinned memory is queued like a kernel."""
+    if tokens.device == device:
+        return tokens
+    if device.type == "cuda" and tokens.device.type == "cpu":
+        return tokens.pin_memory().to(device, non_blocking=True)
+    return tokens.to(device)
 
 
 class PromptLookupDrafter:

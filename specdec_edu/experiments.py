@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import copy
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -105,7 +105,8 @@ class ReplayDrafter:
             return context[:0], torch.zeros(0, self.vocab_size, device=context.device)
         truth = ref[n : n + gamma]
         p = torch.nn.functional.one_hot(truth, self.vocab_size).float()
-        q = _mix(p, self.noise)
+        # Draw where the generator lives: the loop's context is on the host, its generator on the target's device.
+        q = _mix(p, self.noise).to(generator.device if generator is not None else p.device)
         tokens = torch.stack([sample(q_i, generator) for q_i in q])
         if self.seconds_per_token > 0:
             time.sleep(self.seconds_per_token * len(tokens))

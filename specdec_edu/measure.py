@@ -14,7 +14,7 @@ import time
 import torch
 
 from . import kv
-from .generate import _sync
+from .result import sync
 
 
 @torch.no_grad()
@@ -32,17 +32,18 @@ def forward_seconds(model, n_new: int, context_length: int = 64, repeats: int = 
     kv.forward(model, context, cache, logits_to_keep=1)
     times = []
     for i in range(warmup + repeats):
-        _sync(model.device)
+        sync(model.device)
         start = time.perf_counter()
         kv.forward(model, new, cache)  # all n_new positions' logits, as a verify pass needs
-        _sync(model.device)
+        sync(model.device)
         if i >= warmup:
             times.append(time.perf_counter() - start)
         kv.crop(cache, n_new)
     return statistics.median(times)
 
 
-def latency_curve(model, ns=(1, 2, 4, 8, 16, 32, 64), context_length: int = 64, repeats: int = 5, progress: bool = True) -> dict[int, float]:
+def latency_curve(model, ns=(1, 2, 4, 8, 16, 32, 64), context_length: int = 64, repeats: int = 5,
+                  progress: bool = True) -> dict[int, float]:
     """``{n: median seconds}`` for forwards appending n tokens: the memory-bound curve."""
     from tqdm.auto import tqdm
 

@@ -27,7 +27,7 @@ def check_sampling_args(temperature: float, top_k: int, top_p: float) -> None:
 
 
 def logits_to_probs(
-    logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0
+    logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, check_finite: bool = True
 ) -> torch.Tensor:
     """Warp logits and normalise them into probabilities.
 
@@ -37,12 +37,14 @@ def logits_to_probs(
         top_k: keep the ``k`` largest logits (``0`` disables).
         top_p: keep the smallest set of tokens whose probability reaches ``top_p``
             (``1.0`` disables); the most likely token is always kept.
+        check_finite: raise on NaN/inf logits. Checking reads a flag back from the device
+            (a host sync), so ``speculative_generate`` turns it off and checks once per round.
 
     Returns:
         ``[..., V]`` probabilities, float32 (float64 if ``logits`` is float64).
     """
     check_sampling_args(temperature, top_k, top_p)
-    if not torch.isfinite(logits).all():
+    if check_finite and not torch.isfinite(logits).all():
         raise ValueError(
             "the model produced NaN or inf logits: its forward pass overflowed. "
             "Run it in float32 (dtype=torch.float32), or check its weights."

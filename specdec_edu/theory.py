@@ -5,11 +5,18 @@ drafts γ tokens (cost γ·c, in units of one target forward) and verifies them 
 target forward (cost 1, if verifying γ+1 tokens costs the same as decoding one:
 true while decoding is memory-bound). A round yields 1 + (number of accepted
 drafts) tokens, whose expectation is the geometric sum 1 + α + … + α^γ.
+
+The last part of the module is the other half of the theory, what one verification
+step emits: :func:`output_distribution` computes it in closed form (it is p, for the
+correct rule), and :func:`total_variation` measures how far two distributions are apart.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import torch
+
+from .verify import acceptance_probability, residual_distribution
 
 
 def _check(alpha, gamma, c=0.0):
@@ -71,3 +78,39 @@ def alpha_from_tau(tau: float, gamma: int, tol: float = 1e-10) -> float:
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if expected_tokens_per_round(mid, gamma) < tau else (lo, mid)
     return (lo + hi) / 2
+
+
+# ---- what one verification step emits ---------------------------------------------------------
+def as_distribution(weights) -> torch.Tensor:
+    """Non-negative weights ``[..., V]`` (a list, array or tensor) normalised over the last axis, in float64."""
+    t = torch.as_tensor(weights, dtype=torch.float64)
+    if t.dim() == 0:
+        raise ValueError("need a distribution over tokens (at least one weight per token), got a single number")
+    total = t.sum(-1, keepdim=True)
+    if bool((t < 0).any()) or bool((total <= 0).any()):
+        raise ValueError("need non-negative weights with a positive sum over the last axis, got "
+                         f"min {float(t.min()):g} and smallest row sum {float(total.min()):g}")
+    return t / total
+
+
+def output_distribution(p, q, resample=None) -> torch.Tensor:
+    """P(the first token one verification step emits = x), in closed form: ``[..., V]`` (float64).
+
+    A draft token x ~ q is kept with probability min(1, p(x)/q(x)), so the accepted mass
+    is q(x)·min(1, p(x)/q(x)) = min(p(x), q(x)); on a rejection (probability
+    1 − Σ min(p, q)) the rule emits a sample from ``resample``, by default the residual
+    normalize(max(0, p − q)). For the correct rule the two parts add up to p, whatever q is.
+    ``p``, ``q`` (and ``resample``) are weights over the last axis (normalised here), so
+    a batch of rows ``[N, V]`` works too. ``resample=p`` gives what the broken
+    :func:`specdec_edu.controls.resample_from_target` emits: a negative control.
+    """
+    p, q = as_distribution(p), as_distribution(q)
+    accepted = q * acceptance_probability(p, q)
+    resampled = residual_distribution(p, q) if resample is None else as_distribution(resample)
+    return accepted + (1 - accepted.sum(-1, keepdim=True)) * resampled
+
+
+def total_variation(a, b) -> float:
+    """TV(a, b) = ½ Σ |a − b| for two distributions (any array-likes of equal length)."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    return 0.5 * float(np.abs(a - b).sum())

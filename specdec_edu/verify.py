@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from .sampling import check_generator, sample
+from .sampling import check_generator
 
 
 def acceptance_probability(p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
@@ -46,6 +46,60 @@ def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return torch.where(mass > 0, residual / torch.where(mass > 0, mass, torch.ones_like(mass)), p)
 
 
+def verify_drafts(
+    p: torch.Tensor,
+    q: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """The rule on the device, without a single host sync: ``[2]`` = (n_accepted, next_token).
+
+    The same decisions, from the same random numbers, as :func:`accept_and_resample`
+    (which calls this and reads the two numbers). ``speculative_generate`` calls this
+    directly, so that reading the decision is its only device→host sync of the round.
+    Shapes: p ``[γ+1, V]``, q ``[γ, V]``, draft_tokens ``[γ]``.
+    """
+    gamma = draft_tokens.shape[0]
+    if p.shape[0] != gamma + 1 or q.shape[0] != gamma or p.shape[-1] != q.shape[-1]:
+        raise ValueError(
+            f"shapes do not fit: p {tuple(p.shape)} must be [γ+1, V], q {tuple(q.shape)} must be [γ, V], "
+            f"draft_tokens {tuple(draft_tokens.shape)} must be [γ]."
+        )
+    check_generator(generator, p.device)
+    positions = torch.arange(gamma, device=p.device)
+    p_x, q_x = p[positions, draft_tokens], q[positions, draft_tokens]  # [γ] each
+
+    # One uniform per draft: draft i survives if u_i < min(1, p/q). We draw all γ at
+    # once; uniforms after the first rejection are unused.
+    u = torch.rand(gamma, generator=generator, device=p.device, dtype=p.dtype)
+    accepted = u < acceptance_probability(p_x, q_x)
+    n_accepted = accepted.long().cumprod(0).sum()  # 0-d: length of the all-accepted prefix
+
+    # Where the next token comes from, for every possible n: after a rejection at
+    # position i, the residual normalize(max(0, p_i − q_i)); after γ acceptances, the
+    # bonus distribution p_γ that the verify pass computed for free. Pick row n.
+    # (Selecting with index_select keeps n on the device: no `if n < γ` on the host.)
+    candidates = torch.cat([residual_distribution(p[:gamma], q), p[gamma:]])  # [γ+1, V]
+    next_probs = candidates.index_select(0, n_accepted.view(1))  # [1, V]
+    next_token = torch.multinomial(next_probs, 1, generator=generator)[0, 0]
+    return torch.stack([n_accepted, next_token])
+
+
+def greedy_verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor) -> torch.Tensor:
+    """The rule at temperature 0, on the device: ``[2]`` = (n_accepted, next_token).
+
+    Greedy p is one-hot at the target's argmax, so min(1, p/q) is 1 for the argmax and
+    0 for anything else, and the residual max(0, p − q) is one-hot at the argmax too,
+    *whatever q is*. The rule therefore reduces to: keep drafts while they equal the
+    target's argmax, then emit the argmax. No softmax, no random numbers.
+    Shapes: target_logits ``[γ+1, V]``, draft_tokens ``[γ]``.
+    """
+    choice = target_logits.argmax(-1)  # [γ+1] the target's greedy token at every position
+    matches = (draft_tokens == choice[:-1]).long()
+    n_accepted = matches.cumprod(0).sum()
+    return torch.stack([n_accepted, choice.index_select(0, n_accepted.view(1))[0]])
+
+
 def accept_and_resample(
     p: torch.Tensor,
     q: torch.Tensor,
@@ -66,24 +120,5 @@ def accept_and_resample(
         target adds after them: a residual sample if draft ``n_accepted`` was
         rejected, the bonus token from ``p[γ]`` if all were accepted.
     """
-    gamma = draft_tokens.shape[0]
-    if p.shape[0] != gamma + 1 or q.shape[0] != gamma or p.shape[-1] != q.shape[-1]:
-        raise ValueError(
-            f"shapes do not fit: p {tuple(p.shape)} must be [γ+1, V], q {tuple(q.shape)} must be [γ, V], "
-            f"draft_tokens {tuple(draft_tokens.shape)} must be [γ]."
-        )
-    check_generator(generator, p.device)
-    positions = torch.arange(gamma, device=p.device)
-    p_x, q_x = p[positions, draft_tokens], q[positions, draft_tokens]  # [γ] each
-
-    # One uniform per draft: draft i survives if u_i < min(1, p/q). We draw all γ at
-    # once (one host sync instead of γ); uniforms after the first rejection are unused.
-    u = torch.rand(gamma, generator=generator, device=p.device, dtype=p.dtype)
-    accepted = u < acceptance_probability(p_x, q_x)
-    n_accepted = int(accepted.cumprod(0).sum())  # length of the all-accepted prefix
-
-    if n_accepted < gamma:  # first rejection at position n: resample from the residual there
-        next_probs = residual_distribution(p[n_accepted], q[n_accepted])
-    else:  # every draft accepted: the verify pass already computed p at the next position
-        next_probs = p[gamma]
-    return n_accepted, int(sample(next_probs, generator))
+    n_accepted, next_token = verify_drafts(p, q, draft_tokens, generator).tolist()
+    return n_accepted, next_token

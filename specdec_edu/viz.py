@@ -63,17 +63,18 @@ def legend(color: bool) -> str:
     return "legend: " + " · ".join(parts)
 
 
-def tokens_html(tokenizer, result, legend: bool = True) -> str:
-    """HTML with one coloured span per new token (hover shows its source)."""
-    pieces = token_pieces(tokenizer, result.new_tokens.tolist())
+def tokens_html(tokenizer, result, legend: bool = True, row: int = 0) -> str:
+    """HTML with one coloured span per new token of ``result``'s row ``row`` (hover shows its source)."""
+    pieces = token_pieces(tokenizer, result.row(row).tolist())
+    sources = result.token_sources[row]
     spans = [
         f'<span title="{s}" style="background:{BACKGROUND[s]};color:#000;border-radius:3px;padding:0 1px;'
         f'white-space:pre-wrap">{html.escape(text)}</span>'
-        for text, s in zip(pieces, result.token_sources)
+        for text, s in zip(pieces, sources)
     ]
     body = "".join(spans)
     if legend:
-        used = [s for s in SOURCES if s in set(result.token_sources)]
+        used = [s for s in SOURCES if s in set(sources)]
         keys = " ".join(
             f'<span style="background:{BACKGROUND[s]};color:#000;padding:0 4px;border-radius:3px">{WORDS[s]}</span>'
             for s in used
@@ -82,8 +83,8 @@ def tokens_html(tokenizer, result, legend: bool = True) -> str:
     return f'<div style="font-family:monospace;line-height:1.7">{body}</div>'
 
 
-def show_tokens(tokenizer, result, legend: bool = True):
-    """Display the coloured tokens in a notebook."""
+def show_tokens(tokenizer, result, legend: bool = True, row: int = 0):
+    """Display the coloured tokens of one row in a notebook."""
     from IPython.display import HTML, display
 
-    display(HTML(tokens_html(tokenizer, result, legend)))
+    display(HTML(tokens_html(tokenizer, result, legend, row)))

@@ -1,10 +1,11 @@
-"""Helpers for the course notebooks: answer checks, toy simulations and two live widgets.
+"""Live widgets and toy simulations for the course notebooks.
 
 Nothing here re-implements speculative sampling: the simulations call
 :func:`specdec_edu.accept_and_resample` (or a deliberately broken rule from
 :mod:`specdec_edu.controls`) and the widgets only draw what those functions return.
+The exact output distribution comes from :func:`specdec_edu.theory.output_distribution`;
+the exercise checker is :func:`specdec_edu.exercises.check_answer`.
 
-* :func:`check_answer`: the exercise checker used at the end of every notebook.
 * :func:`simulate_first_token`: run one verification step many times on toy
   distributions and count which token comes out first.
 * :func:`accept_rule_explorer` (notebook 03): sliders for p(x) and q(x), the acceptance
@@ -15,104 +16,31 @@ Nothing here re-implements speculative sampling: the simulations call
 Each explorer keeps what it shows in ``explorer.state`` (a dict in the kernel), so a
 notebook cell can set ``explorer.controls[...].value = ...`` (or several at once with
 ``explorer.set(...)``) and assert on the state without a browser: ipywidgets fires the
-callbacks in the kernel.
+callbacks in the kernel. ipywidgets is imported only when a widget is built: it comes with
+the ``notebooks`` extra (``pip install "specdec-edu[notebooks]"``), and Colab has it.
 """
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
+from .theory import as_distribution, output_distribution
 from .verify import accept_and_resample, acceptance_probability, residual_distribution
 
 __all__ = [
-    "check_answer",
     "simulate_first_token",
-    "output_distribution",
-    "total_variation",
     "Explorer",
     "accept_rule_explorer",
     "residual_explorer",
 ]
 
 
-# ---- exercises --------------------------------------------------------------------------------
-def _matches(answer: Any, expected: Any, tol: float) -> bool:
-    if isinstance(expected, str):
-        return isinstance(answer, str) and answer.strip().lower() == expected.strip().lower()
-    if isinstance(expected, bool) or isinstance(answer, bool):
-        return answer is expected or answer == expected
-    if isinstance(expected, (int, float, np.integer, np.floating)):
-        try:
-            return math.isclose(float(answer), float(expected), rel_tol=tol, abs_tol=tol)
-        except (TypeError, ValueError):
-            return False
-    if isinstance(expected, torch.Tensor):
-        expected = expected.tolist()
-    if isinstance(answer, torch.Tensor):
-        answer = answer.tolist()
-    if isinstance(expected, (np.ndarray,)):
-        expected = expected.tolist()
-    if isinstance(answer, (np.ndarray,)):
-        answer = answer.tolist()
-    if isinstance(expected, (list, tuple)):
-        return (
-            isinstance(answer, (list, tuple))
-            and len(answer) == len(expected)
-            and all(_matches(a, e, tol) for a, e in zip(answer, expected))
-        )
-    return answer == expected
-
-
-def check_answer(name: str, answer: Any, expected: Any, *, tol: float = 1e-6, hint: str = "") -> bool:
-    """Check an exercise answer and say so clearly.
-
-    ``answer`` left as ``...`` or ``None`` means "not attempted yet": a note is printed and
-    ``False`` returned (so an untouched exercise cell never stops the notebook). A wrong
-    answer raises ``AssertionError`` with ``hint``; a right one prints a confirmation.
-    Numbers are compared with absolute/relative tolerance ``tol``, strings without case or
-    surrounding spaces, sequences element by element.
-    """
-    if answer is None or answer is Ellipsis:
-        print(f"{name}: not answered yet. Replace the ... with your answer and run the cell again.")
-        return False
-    if not _matches(answer, expected, tol):
-        message = f"{name}: {answer!r} is not right."
-        raise AssertionError(message + (f" Hint: {hint}" if hint else ""))
-    print(f"{name}: correct!")
-    return True
-
-
 # ---- toy simulations ----------------------------------------------------------------------------
-def _as_probs(x: Sequence[float] | torch.Tensor) -> torch.Tensor:
-    t = torch.as_tensor(x, dtype=torch.float64).flatten()
-    if (t < 0).any() or t.sum() <= 0:
-        raise ValueError(f"need non-negative weights with a positive sum, got {t.tolist()}")
-    return t / t.sum()
-
-
-def total_variation(a, b) -> float:
-    """TV(a, b) = ½ Σ |a − b| for two distributions (any array-likes of equal length)."""
-    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    return 0.5 * float(np.abs(a - b).sum())
-
-
-def output_distribution(p, q) -> torch.Tensor:
-    """The first emitted token's distribution after one verification step, computed exactly.
-
-    accepted mass ``q(x)·min(1, p(x)/q(x))`` + rejected mass × ``residual(x)``, built from
-    the package's :func:`acceptance_probability` and :func:`residual_distribution`. For
-    the correct rule it equals p (up to rounding), whatever q is.
-    """
-    p, q = _as_probs(p), _as_probs(q)
-    accepted = q * acceptance_probability(p, q)
-    return accepted + (1 - accepted.sum()) * residual_distribution(p, q)
-
-
 def simulate_first_token(
     p,
     q,
@@ -129,7 +57,7 @@ def simulate_first_token(
     trial, whether the draft was accepted (both numpy arrays, in trial order).
     Counts per token: ``np.bincount(tokens, minlength=len(p))``.
     """
-    p, q = _as_probs(p).float(), _as_probs(q).float()
+    p, q = as_distribution(p).flatten().float(), as_distribution(q).flatten().float()
     p_rows, q_rows = torch.stack([p, p]), q[None]  # p at the draft position and at the bonus position
     drafts = torch.multinomial(q, n, replacement=True, generator=generator)
     tokens, accepted = np.empty(n, dtype=np.int64), np.zeros(n, dtype=bool)
@@ -141,6 +69,17 @@ def simulate_first_token(
 
 
 # ---- live widgets ------------------------------------------------------------------------------
+def _ipywidgets():
+    """The ipywidgets module, or an error that says how to get it (it is not a core dependency)."""
+    try:
+        import ipywidgets
+    except ImportError as exc:
+        raise ImportError(
+            "the live widgets need ipywidgets: pip install \"specdec-edu[notebooks]\" (or pip install ipywidgets)"
+        ) from exc
+    return ipywidgets
+
+
 @dataclass
 class Explorer:
     """A live widget: ``ui`` to display, ``controls`` to set, ``state`` to read (kernel side)."""
@@ -183,7 +122,7 @@ class Explorer:
 
 def _live_explorer(controls: dict, rows: list, state: dict, compute, figure, summary) -> Explorer:
     """Wire sliders to a redraw: recompute ``state``, print a one-line ``summary()`` (HTML), redraw ``figure()``."""
-    import ipywidgets as w
+    w = _ipywidgets()
     import matplotlib.pyplot as plt
 
     text, out = w.HTML(), w.Output()
@@ -210,14 +149,14 @@ def accept_rule_explorer(p_x: float = 0.1, q_x: float = 0.5, flips: int = 1000, 
     acceptance probability. The generator is re-seeded at every redraw, so equal slider
     values give equal pictures.
     """
-    import ipywidgets as w
+    w = _ipywidgets()
     import matplotlib.pyplot as plt
 
-    style = {"description_width": "initial"}
+    common = {"continuous_update": False, "style": {"description_width": "initial"}}
     controls = {
-        "p": w.FloatSlider(value=p_x, min=0.0, max=1.0, step=0.01, description="p(x): target", continuous_update=False, style=style),
-        "q": w.FloatSlider(value=q_x, min=0.01, max=1.0, step=0.01, description="q(x): draft", continuous_update=False, style=style),
-        "flips": w.IntSlider(value=flips, min=50, max=5000, step=50, description="simulated drafts", continuous_update=False, style=style),
+        "p": w.FloatSlider(value=p_x, min=0.0, max=1.0, step=0.01, description="p(x): target", **common),
+        "q": w.FloatSlider(value=q_x, min=0.01, max=1.0, step=0.01, description="q(x): draft", **common),
+        "flips": w.IntSlider(value=flips, min=50, max=5000, step=50, description="simulated drafts", **common),
     }
     state: dict = {}
 
@@ -279,7 +218,7 @@ def residual_explorer(
     ``samples`` simulated verification steps (:func:`simulate_first_token`); a second
     panel stacks accepted mass min(p, q) and rejected mass × residual, which add up to p.
     """
-    import ipywidgets as w
+    w = _ipywidgets()
     import matplotlib.pyplot as plt
 
     if not len(tokens) == len(p) == len(q):
@@ -300,7 +239,7 @@ def residual_explorer(
         if sum(pw) <= 0 or sum(qw) <= 0:
             state.update(error="give p and q at least one positive weight each")
             return
-        pt, qt = _as_probs(pw), _as_probs(qw)
+        pt, qt = as_distribution(pw), as_distribution(qw)
         accepted = qt * acceptance_probability(pt, qt)
         residual = residual_distribution(pt, qt)
         exact = output_distribution(pt, qt)

@@ -46,7 +46,8 @@ def perturbed_copy(model, noise: float, seed: int):
 
 def _shape(model):
     c = model.config
-    return dict(vocab_size=c.vocab_size, hidden=c.hidden_size, layers=c.num_hidden_layers, max_positions=c.max_position_embeddings)
+    return dict(vocab_size=c.vocab_size, hidden=c.hidden_size, layers=c.num_hidden_layers,
+                max_positions=c.max_position_embeddings)
 
 
 @pytest.fixture(scope="session")

@@ -3,10 +3,10 @@ target's distribution (sampling)."""
 
 import pytest
 import torch
-
-from specdec_edu import autoregressive_generate, speculative_generate
 from test_greedy import PROMPTS, reference
 from test_sequence_exactness import PROMPT, SETTINGS, THRESHOLD, exact_distribution, pvalue
+
+from specdec_edu import autoregressive_generate, speculative_generate
 
 
 def left_pad(prompts, pad=0):
@@ -25,9 +25,9 @@ def test_batched_greedy_equals_per_row_generate(target, close_draft, gamma):
     ids, mask = left_pad(prompts)
     out = speculative_generate(target, close_draft, ids, attention_mask=mask, max_new_tokens=20, gamma=gamma)
     for i, p in enumerate(prompts):
-        assert out.new_tokens[i].tolist() == reference(target, p, 20)[len(p):].tolist(), (i, gamma)
+        assert out.row(i).tolist() == reference(target, p, 20)[len(p):].tolist(), (i, gamma)
     base = autoregressive_generate(target, ids, attention_mask=mask, max_new_tokens=20)
-    assert [t.tolist() for t in base.new_tokens] == [t.tolist() for t in out.new_tokens]
+    assert base.new_tokens.tolist() == out.new_tokens.tolist() and base.lengths == out.lengths
 
 
 def test_batched_per_row_eos_and_limits(target, close_draft):
@@ -36,10 +36,12 @@ def test_batched_per_row_eos_and_limits(target, close_draft):
     ids, mask = left_pad(prompts)
     out = speculative_generate(target, close_draft, ids, attention_mask=mask, max_new_tokens=20, gamma=4, eos_token_id=eos)
     for i, p in enumerate(prompts):
-        assert out.new_tokens[i].tolist() == reference(target, p, 20, eos=eos)[len(p):].tolist(), i
-    assert len(out.new_tokens[0]) <= 4 and out.new_tokens[0][-1] == eos
-    assert out.stats.new_tokens == sum(len(t) for t in out.new_tokens)
-    assert all(len(s) == len(t) for s, t in zip(out.token_sources, out.new_tokens))
+        assert out.row(i).tolist() == reference(target, p, 20, eos=eos)[len(p):].tolist(), i
+    assert out.lengths[0] <= 4 and out.row(0)[-1] == eos and out.row_stats[0].stopped_by == "eos"
+    assert out.stats.new_tokens == sum(out.lengths)
+    assert [len(s) for s in out.token_sources] == out.lengths
+    for sources, stats in zip(out.token_sources, out.row_stats):
+        assert sources.count("accepted") == stats.accepted
 
 
 def batched_samples(target, draft, settings, **kwargs):
@@ -50,7 +52,7 @@ def batched_samples(target, draft, settings, **kwargs):
         out = speculative_generate(
             target, draft, PROMPT.expand(50, -1), max_new_tokens=3, gamma=2, do_sample=True, generator=gen, **settings, **kwargs
         )
-        samples += [tuple(t.tolist()) for t in out.new_tokens]
+        samples += [tuple(row) for row in out.new_tokens.tolist()]
     return samples
 
 

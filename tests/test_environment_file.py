@@ -40,15 +40,34 @@ def _pyproject():
     return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
 
 
+def _requirements(project, extras=()):
+    """The requirement strings of the package plus ``extras``, with self-references such as
+    ``specdec-edu[notebooks]`` (one extra pulling in another) replaced by what they name."""
+    lines = list(project["dependencies"])
+    todo, seen = list(extras), set()
+    while todo:
+        extra = todo.pop()
+        if extra in seen:
+            continue
+        seen.add(extra)
+        for line in project["optional-dependencies"][extra]:
+            req = Requirement(line)
+            if req.name.lower().replace("_", "-") == project["name"]:
+                todo += sorted(req.extras)
+            else:
+                lines.append(line)
+    return lines
+
+
 def test_pip_section_matches_pyproject():
     _, pip = _environment()
     project = _pyproject()
     assert "-e ." in pip, "environment.yml must install this package (pip: '-e .')"
     in_env = _by_name([line for line in pip if line != "-e ."])
-    in_pyproject = _by_name(project["dependencies"] + project["optional-dependencies"]["test"])
+    in_pyproject = _by_name(_requirements(project, ["test"]))
     assert sorted(in_env) == sorted(in_pyproject), (
         f"only in environment.yml: {sorted(set(in_env) - set(in_pyproject))}; "
-        f"only in pyproject.toml (dependencies + [test]): {sorted(set(in_pyproject) - set(in_env))}"
+        f"only in pyproject.toml (dependencies + [test] and the extras it names): {sorted(set(in_pyproject) - set(in_env))}"
     )
     for name, spec in in_env.items():
         assert spec == in_pyproject[name], f"{name}: environment.yml says {spec}, pyproject.toml says {in_pyproject[name]}"
@@ -59,6 +78,13 @@ def test_conda_python_satisfies_requires_python():
     python = next(d for d in conda if d.startswith("python"))
     version = Version(python.split("=", 1)[1])
     assert version in SpecifierSet(_pyproject()["requires-python"]), f"{python} vs requires-python"
+
+
+def test_extras_that_name_other_extras_are_expanded():
+    project = {"name": "specdec-edu", "dependencies": ["torch>=2.4"],
+               "optional-dependencies": {"a": ["specdec-edu[b]", "pytest>=8"], "b": ["scipy>=1.11", "specdec_edu[a]"]}}
+    assert sorted(_requirements(project, ["a"])) == ["pytest>=8", "scipy>=1.11", "torch>=2.4"]
+    assert _requirements(project) == ["torch>=2.4"]
 
 
 def test_comparison_can_fail():

@@ -4,8 +4,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
 from conftest import tiny_llama
+
 from specdec_edu import autoregressive_generate, speculative_generate
 
 IDS = torch.tensor([[1, 2, 3]])

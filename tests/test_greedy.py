@@ -5,7 +5,8 @@ import torch
 
 from specdec_edu import ModelDrafter, PromptLookupDrafter, autoregressive_generate, speculative_generate
 
-PROMPTS = [torch.randint(0, 64, (n,), generator=torch.Generator().manual_seed(s)) for s, n in zip(range(24), [1, 2, 3, 5, 8, 13] * 4)]
+LENGTHS = [1, 2, 3, 5, 8, 13] * 4
+PROMPTS = [torch.randint(0, 64, (n,), generator=torch.Generator().manual_seed(s)) for s, n in zip(range(24), LENGTHS)]
 
 
 def reference(target, prompt, max_new_tokens, eos=None):
@@ -46,7 +47,7 @@ def test_identical_draft_accepts_everything(target):
     out = speculative_generate(target, target, PROMPTS[5][None], max_new_tokens=30, gamma=4)
     assert out.stats.alpha == 1.0 and out.stats.rejected_rounds == 0
     assert out.stats.tokens_per_round[:5] == [5] * 5  # γ accepted + 1 bonus per round
-    assert out.token_sources[:5] == ["accepted"] * 4 + ["bonus"]
+    assert out.token_sources[0][:5] == ["accepted"] * 4 + ["bonus"]
     assert out.sequences[0].tolist() == reference(target, PROMPTS[5], 30).tolist()
 
 
@@ -63,7 +64,7 @@ def test_prompt_lookup_and_baseline(target):
 def test_never_exceeds_max_new_tokens(target, close_draft):
     for max_new in [1, 2, 3, 7]:
         out = speculative_generate(target, close_draft, PROMPTS[3][None], max_new_tokens=max_new, gamma=5)
-        assert out.stats.new_tokens == max_new == out.sequences.shape[1] - len(PROMPTS[3]) == len(out.token_sources)
+        assert out.stats.new_tokens == max_new == out.sequences.shape[1] - len(PROMPTS[3]) == len(out.token_sources[0])
 
 
 def test_explicit_model_drafter_and_reuse(target, close_draft):

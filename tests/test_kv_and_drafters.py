@@ -3,8 +3,7 @@
 import pytest
 import torch
 
-from specdec_edu import ModelDrafter, PromptLookupDrafter, logits_to_probs, speculative_generate
-from specdec_edu import kv
+from specdec_edu import ModelDrafter, PromptLookupDrafter, kv, logits_to_probs, speculative_generate
 from specdec_edu.drafters import common_prefix_length
 
 
@@ -35,25 +34,90 @@ def test_crop_zero_is_a_no_op(target):
     assert kv.cache_length(cache) == 3
 
 
-def test_model_drafter_q_matches_recompute_after_rollbacks(draft, generator):
+def test_crop_refuses_a_cache_that_cannot_roll_back():
+    """E.g. a recurrent (linear-attention) layer's state: rejecting drafts would leave it wrong."""
+
+    class RecurrentCache:
+        is_croppable = False
+
+    with pytest.raises(ValueError, match="attention-only"):
+        kv.crop(RecurrentCache(), 1)
+    with pytest.raises(ValueError, match="n_remove"):
+        kv.crop(RecurrentCache(), -1)
+
+
+def assert_q_is_the_draft_model(drafter, draft, context, tokens, q, to_probs):
+    """Row i of q is the draft model's distribution after context + tokens[:i], recomputed from scratch."""
+    for i in range(len(tokens)):
+        expected = to_probs(full_logits(draft, torch.cat([context, tokens[:i]])))
+        torch.testing.assert_close(q[i], expected, rtol=1e-4, atol=1e-6)
+
+
+DRAFTERS = {
+    "dynamic": lambda model: ModelDrafter(model),
+    "static": lambda model: ModelDrafter(model, static_cache=True, max_cache_len=64),
+}
+
+
+@pytest.mark.parametrize("kind", DRAFTERS)
+def test_model_drafter_q_matches_recompute_after_rollbacks(draft, generator, kind):
     """Across rounds with rejections (contexts that diverge from what was drafted), the
-    drafter's q equals the draft model's distribution recomputed from scratch."""
-    drafter = ModelDrafter(draft)
+    drafter's q equals the draft model's distribution recomputed from scratch. The contexts
+    are built as the loop builds them: on the host, accepted drafts then one target token."""
+    drafter = DRAFTERS[kind](draft)
     to_probs = lambda logits: logits_to_probs(logits, temperature=1.0)
     context = torch.tensor([3, 1, 4, 1, 5])
     for round_ in range(6):
         tokens, q = drafter.propose(context, 4, to_probs, generator)
-        for i in range(4):
-            expected = to_probs(full_logits(draft, torch.cat([context, tokens[:i]])))
-            torch.testing.assert_close(q[i], expected, rtol=1e-4, atol=1e-6)
-        keep = round_ % 5  # accept `keep` drafts, then a "corrected" token the drafter did not propose
+        assert_q_is_the_draft_model(drafter, draft, context, tokens, q, to_probs)
+        keep = round_ % 5  # accept `keep` drafts (4 = all: then a bonus token), then a token the drafter did not propose
+        tokens = tokens.cpu()
         context = torch.cat([context, tokens[:keep], torch.tensor([(int(tokens[min(keep, 3)]) + 1) % 64])])
+
+
+@pytest.mark.parametrize("kind", DRAFTERS)
+def test_model_drafter_new_prompt_and_repeated_context(draft, generator, kind):
+    """Contexts that do not extend the last one fall back to the common prefix; the same
+    context twice re-drafts from the same place; reset() forgets everything."""
+    drafter = DRAFTERS[kind](draft)
+    to_probs = lambda logits: logits_to_probs(logits, temperature=1.0)
+    first = torch.tensor([3, 1, 4, 1, 5, 9, 2, 6])
+    contexts = [
+        first,
+        torch.tensor([3, 1, 4, 7, 7, 7, 7, 7, 7, 7, 7]),  # a new, LONGER prompt sharing 3 tokens: not an extension
+        torch.tensor([3, 1, 4, 7, 7, 7, 7, 7, 7, 7, 7]),  # the same context again
+        torch.tensor([8, 8]),  # a new, shorter prompt sharing nothing
+        torch.tensor([8]),  # a prefix of the last context
+    ]
+    for context in contexts:
+        tokens, q = drafter.propose(context, 3, to_probs, generator)
+        assert_q_is_the_draft_model(drafter, draft, context, tokens, q, to_probs)
+    # An extension by tokens that were not the drafts breaks the loop's contract: reset() first.
+    drafter.reset()
+    context = torch.cat([torch.tensor([8]), (tokens.cpu() + 1) % 64])
+    tokens, q = drafter.propose(context, 3, to_probs, generator)
+    assert_q_is_the_draft_model(drafter, draft, context, tokens, q, to_probs)
+
+
+def test_model_drafter_keeps_accepted_drafts_cached(draft, generator):
+    """After a round that accepts drafts, only the new tokens are fed (the cache is reused)."""
+    drafter = ModelDrafter(draft)
+    fed = []
+    next_logits = drafter.next_logits
+    drafter.next_logits = lambda new: fed.append(new.numel()) or next_logits(new)
+    to_probs = lambda logits: logits_to_probs(logits, temperature=1.0)
+    context = torch.tensor([3, 1, 4, 1, 5])
+    tokens, _ = drafter.propose(context, 4, to_probs, generator)  # feeds the prompt, then 3 drafts
+    context = torch.cat([context, tokens[:2], torch.tensor([63])])  # 2 accepted, then the target's token
+    drafter.propose(context, 4, to_probs, generator)
+    assert fed == [5, 1, 1, 1, 1, 1, 1, 1]  # round 2 feeds only the target's token (drafts 1-2 are cached)
+    assert drafter.n_cached == len(context) + 3
 
 
 def test_reduced_head_drafter(target, close_draft, generator):
     """A head over the first 32 of 64 ids: q is zero beyond, and greedy output is still exact."""
     drafter = ModelDrafter(close_draft, head_size=32)
-    tokens, q = drafter.propose(torch.tensor([1, 2, 3]), 3, lambda l: logits_to_probs(l), generator)
+    tokens, q = drafter.propose(torch.tensor([1, 2, 3]), 3, lambda logits: logits_to_probs(logits), generator)
     assert q.shape == (3, 32) and (tokens < 32).all()
     prompt = torch.tensor([[7, 8, 9]])
     out = speculative_generate(target, drafter, prompt, max_new_tokens=20, gamma=3)
@@ -80,16 +144,18 @@ def test_common_prefix_length():
 
 
 def test_stats_are_consistent(target, close_draft, generator):
-    out = speculative_generate(target, close_draft, torch.tensor([[1, 2, 3]]), max_new_tokens=40, gamma=4, do_sample=True, generator=generator)
+    prompt = torch.tensor([[1, 2, 3]])
+    out = speculative_generate(target, close_draft, prompt, max_new_tokens=40, gamma=4, do_sample=True, generator=generator)
     s = out.stats
-    assert s.new_tokens == 40 == sum(s.tokens_per_round) == len(out.token_sources)
+    sources = out.token_sources[0]  # one list of labels per row
+    assert s.new_tokens == 40 == sum(s.tokens_per_round) == len(sources)
     assert s.rounds == len(s.accepted_per_round) and s.accepted == sum(s.accepted_per_round)
     assert s.drafted == sum(s.drafted_per_round) and 0 <= s.accepted <= s.drafted
     assert 0 < s.alpha <= 1 and s.acceptance_rate <= s.alpha
     assert s.tau == pytest.approx(40 / s.rounds)
     assert s.seconds >= s.draft_seconds + s.verify_seconds > 0
-    assert out.token_sources.count("accepted") == s.accepted
-    assert out.token_sources.count("corrected") == s.rejected_rounds
+    assert sources.count("accepted") == s.accepted
+    assert sources.count("corrected") == s.rejected_rounds
 
 
 def test_every_generation_starts_with_a_reset_drafter(target):

@@ -1,6 +1,8 @@
+import copy
+
 import torch
 
-from specdec_edu import speculative_generate
+from specdec_edu import measure, speculative_generate
 from specdec_edu.measure import cost_ratio, forward_seconds, latency_curve, parameter_bytes
 from specdec_edu.viz import legend, mark_tokens, token_pieces, tokens_html
 
@@ -10,20 +12,50 @@ class CharTokenizer:
         return "".join(chr(97 + i % 26) for i in ids)
 
 
-def test_latency_helpers(target, draft):
-    assert forward_seconds(target, 3, context_length=8, repeats=2) > 0
-    curve = latency_curve(target, ns=(1, 4), context_length=8, repeats=2, progress=False)
-    assert set(curve) == {1, 4} and all(v > 0 for v in curve.values())
-    assert cost_ratio(draft, target, context_length=8, repeats=2) > 0
-    assert parameter_bytes(target) == 4 * sum(p.numel() for p in target.parameters())
+def test_forward_seconds_times_every_repeat_at_the_same_context_length(target, monkeypatch):
+    """The cache is cropped back after each timed forward: every one appends n_new to context_length."""
+    calls = []
+    real_forward = measure.kv.forward
+
+    def spy(model, input_ids, cache, **kw):
+        calls.append((input_ids.shape[1], measure.kv.cache_length(cache)))
+        return real_forward(model, input_ids, cache, **kw)
+
+    monkeypatch.setattr(measure.kv, "forward", spy)
+    seconds = forward_seconds(target, 3, context_length=8, repeats=2, warmup=1)
+    assert isinstance(seconds, float)
+    assert calls == [(8, 0)] + [(3, 8)] * 3  # the prefill, then warm-up + 2 repeats, each on 8 cached positions
+
+
+def test_latency_curve_and_cost_ratio_pass_their_arguments_through(target, draft, monkeypatch):
+    """Fake per-forward times: the curve's keys are the requested ns, in order, and c = draft / target."""
+    seen = []
+
+    def fake(model, n_new, context_length=64, repeats=5, warmup=1):
+        seen.append((model, n_new, context_length, repeats))
+        return (0.5 if model is draft else 2.0) * n_new
+
+    monkeypatch.setattr(measure, "forward_seconds", fake)
+    curve = latency_curve(target, ns=(4, 1, 16), context_length=8, repeats=2, progress=False)
+    assert list(curve.items()) == [(4, 8.0), (1, 2.0), (16, 32.0)]
+    assert seen == [(target, 4, 8, 2), (target, 1, 8, 2), (target, 16, 8, 2)]
+    assert cost_ratio(draft, target, context_length=8, repeats=2) == 0.25  # not target / draft (= 4)
+
+
+def test_parameter_bytes_is_a_hand_count(target):
+    """tiny_llama: vocab 64, hidden 64, 2 layers, MLP 128, 4 heads of 16, 2 KV heads (K, V: 32 wide), untied."""
+    per_layer = (64 * 64 + 2 * 64 * 32 + 64 * 64) + 3 * 64 * 128 + 2 * 64  # attention, MLP, two RMSNorms
+    n_params = 2 * per_layer + 64 * 64 + 64 * 64 + 64  # layers, embedding, LM head, final norm
+    assert parameter_bytes(target) == 4 * n_params  # float32
+    assert parameter_bytes(copy.deepcopy(target).to(torch.bfloat16)) == 2 * n_params
 
 
 def test_token_rendering(target, close_draft):
     out = speculative_generate(target, close_draft, torch.tensor([[1, 2, 3]]), max_new_tokens=12, gamma=3)
     html = tokens_html(CharTokenizer(), out)
     assert html.count("<span title=") == 12
-    pieces = token_pieces(CharTokenizer(), out.new_tokens.tolist())
-    assert "".join(pieces) == CharTokenizer().decode(out.new_tokens.tolist())
-    plain = mark_tokens(pieces, out.token_sources, color=False)
-    assert ("[" in plain) == ("accepted" in out.token_sources)
-    assert "\033[" in mark_tokens(pieces, out.token_sources, color=True) and "\033[" in legend(True)
+    pieces = token_pieces(CharTokenizer(), out.row(0).tolist())
+    assert "".join(pieces) == CharTokenizer().decode(out.row(0).tolist())
+    plain = mark_tokens(pieces, out.token_sources[0], color=False)
+    assert ("[" in plain) == ("accepted" in out.token_sources[0])
+    assert "\033[" in mark_tokens(pieces, out.token_sources[0], color=True) and "\033[" in legend(True)

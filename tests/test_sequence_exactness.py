@@ -9,8 +9,15 @@ import torch
 from scipy.stats import chisquare
 
 from specdec_edu import autoregressive_generate, logits_to_probs, speculative_generate
-from specdec_edu.controls import accept_always
+from specdec_edu.controls import BROKEN_RULES, MisreportedQDrafter
 
+# Every χ² test here: N_SAMPLES = 1,500 continuations from a generator seeded 0 (1 for the
+# baseline), rejection at p < THRESHOLD = 1e-3. Power of the negative controls, measured once
+# over generator seeds 0..4 at CONTROL_SETTINGS: every control rejected on all 5 seeds; largest
+# p-values: bonus_from_previous_position 8e-6, misreported q 2e-7, resample_from_target 1e-14,
+# accept_always and residual_one_position_late < 1e-300. The correct rule on the same 5 seeds:
+# smallest p-value 0.14. (At T = 0.8 with top-k 3 the bonus control was rejected on only some
+# seeds: top-k leaves p_1 and p_2 too alike; at T = 1 the misreported q *is* the sampled q.)
 PROMPT = torch.tensor([[1, 5, 2, 7]])
 N_SAMPLES = 1500  # continuations per run
 THRESHOLD = 1e-3  # χ² p-value level
@@ -37,19 +44,23 @@ def pvalue(samples, exact):
         counts[index.get(s, len(big))] += 1
     expected = np.array([exact[c] for c in big] + [1 - sum(exact[c] for c in big)]) * n
     keep = expected > 0
-    assert counts[~keep].sum() == 0, "sampled an outcome of probability 0"
+    if counts[~keep].sum() > 0:  # sampled an outcome of probability 0: certainly not the target's distribution
+        return 0.0
     return chisquare(counts[keep], expected[keep] * counts.sum() / expected[keep].sum()).pvalue
 
 
 def sample_many(fn, seed):
     gen = torch.Generator().manual_seed(seed)
-    return [tuple(fn(gen).new_tokens.tolist()) for _ in range(N_SAMPLES)]
+    return [tuple(fn(gen).row(0).tolist()) for _ in range(N_SAMPLES)]
 
 
-SETTINGS = [dict(temperature=0.8, top_k=3, top_p=1.0), dict(temperature=1.0, top_k=0, top_p=0.9)]
+# The first also serves the negative controls: a temperature below 1 makes the misreported q
+# (untempered) differ from the sampled one, and no top-k keeps p_1 and p_2 (bonus) apart.
+CONTROL_SETTINGS = dict(temperature=0.6, top_k=0, top_p=1.0)
+SETTINGS = [CONTROL_SETTINGS, dict(temperature=0.8, top_k=3, top_p=1.0), dict(temperature=1.0, top_k=0, top_p=0.9)]
 
 
-@pytest.mark.parametrize("settings", SETTINGS, ids=["T0.8-top3", "T1-topp0.9"])
+@pytest.mark.parametrize("settings", SETTINGS, ids=["T0.6", "T0.8-top3", "T1-topp0.9"])
 def test_speculative_continuations_follow_target(small_vocab_pair, settings):
     target, draft = small_vocab_pair
     exact = exact_distribution(target, **settings)
@@ -60,25 +71,31 @@ def test_speculative_continuations_follow_target(small_vocab_pair, settings):
     assert pvalue(spec, exact) > THRESHOLD
 
 
-def test_negative_control_always_accept_is_rejected(small_vocab_pair):
-    """Same test, same sample size, broken rule: must fail."""
+@pytest.mark.parametrize("control", [*BROKEN_RULES, "misreported_q"])
+def test_negative_controls_are_rejected(small_vocab_pair, control):
+    """Same test, same sample size and seed, a broken rule (via ``accept_fn``, e.g.
+    ``resample_from_target``) or a drafter that misreports q: each must fail."""
     target, draft = small_vocab_pair
-    settings = SETTINGS[0]
-    exact = exact_distribution(target, **settings)
-    broken = sample_many(
+    if control == "misreported_q":
+        draft, broken = MisreportedQDrafter(draft), {}
+    else:
+        broken = dict(accept_fn=BROKEN_RULES[control])
+    samples = sample_many(
         lambda g: speculative_generate(
-            target, draft, PROMPT, max_new_tokens=3, gamma=2, do_sample=True, generator=g, accept_fn=accept_always, **settings
+            target, draft, PROMPT, max_new_tokens=3, gamma=2, do_sample=True, generator=g, **broken, **CONTROL_SETTINGS
         ),
         seed=0,
     )
-    assert pvalue(broken, exact) < THRESHOLD
+    assert pvalue(samples, exact_distribution(target, **CONTROL_SETTINGS)) < THRESHOLD
 
 
 def test_target_only_sampling_passes_too(small_vocab_pair):
     """Sanity for the test itself: the baseline sampler passes it."""
     target, _ = small_vocab_pair
-    settings = SETTINGS[0]
-    base = sample_many(lambda g: autoregressive_generate(target, PROMPT, max_new_tokens=3, do_sample=True, generator=g, **settings), seed=1)
+    settings = SETTINGS[1]
+    base = sample_many(
+        lambda g: autoregressive_generate(target, PROMPT, max_new_tokens=3, do_sample=True, generator=g, **settings), seed=1
+    )
     assert pvalue(base, exact_distribution(target, **settings)) > THRESHOLD
 
 
@@ -88,3 +105,28 @@ def test_pair_disagrees(small_vocab_pair):
     with torch.no_grad():
         p, q = target(PROMPT).logits[0, -1].softmax(-1), draft(PROMPT).logits[0, -1].softmax(-1)
     assert 0.5 * (p - q).abs().sum() > 0.3
+
+
+@pytest.mark.parametrize("do_sample", [False, True], ids=["greedy", "sampled"])
+def test_eos_inside_accepted_drafts_counts_only_emitted_tokens(target, do_sample):
+    """Draft = the target, so every draft is accepted (q = p); an EOS that the first round's
+    drafts contain ends the output right there. The drafts after it were accepted but never
+    emitted: they must not count, so token_sources and the counters agree, and α stays 1."""
+    gamma, prompt = 4, torch.tensor([[1, 5, 9, 3, 7]])
+    run = lambda eos: speculative_generate(
+        target, target, prompt, max_new_tokens=10, gamma=gamma, do_sample=do_sample, temperature=0.8,
+        generator=torch.Generator().manual_seed(3), eos_token_id=eos,
+    )
+    free = run(None)
+    assert free.token_sources[0][: gamma + 1] == ["accepted"] * gamma + ["bonus"]  # the round the EOS will cut
+    first_round = free.row(0)[:gamma].tolist()
+    # the EOS: a draft of round 1 that is not its last (cut mid-round) and appears for the first time there
+    k = next(i for i in range(gamma - 1) if first_round[i] not in first_round[:i])
+    out = run(first_round[k])
+    assert out.row(0).tolist() == first_round[: k + 1]
+    assert out.stats.stopped_by == "eos"
+    assert out.token_sources[0] == ["accepted"] * (k + 1)
+    assert out.token_sources[0].count("accepted") == out.stats.accepted == out.stats.new_tokens == k + 1
+    assert out.stats.drafted == gamma and out.stats.rejected_rounds == 0 and out.stats.alpha == 1.0
+    assert out.stats.acceptance_rate == (k + 1) / gamma  # of the γ drafted, only the emitted k + 1 count
+    assert out.stats.accepted_per_round == [k + 1] and out.stats.tokens_per_round == [k + 1]

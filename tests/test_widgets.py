@@ -1,23 +1,20 @@
-"""The notebook helpers: exercise checks, toy simulations and the live widgets (driven headlessly)."""
+"""The notebook helpers: exercise checks, the exact output distribution, toy simulations and the
+live widgets (driven headlessly)."""
+
+import sys
 
 import matplotlib
-
-matplotlib.use("Agg")
-
 import numpy as np
 import pytest
 import torch
 from scipy.stats import chisquare
 
 from specdec_edu import controls
-from specdec_edu.widgets import (
-    accept_rule_explorer,
-    check_answer,
-    output_distribution,
-    residual_explorer,
-    simulate_first_token,
-    total_variation,
-)
+from specdec_edu.exercises import check_answer
+from specdec_edu.theory import output_distribution, total_variation
+from specdec_edu.widgets import accept_rule_explorer, residual_explorer, simulate_first_token
+
+matplotlib.use("Agg")  # the widgets import pyplot only when they draw, so choosing the backend here is in time
 
 
 def test_check_answer_accepts_right_answers(capsys):
@@ -45,6 +42,32 @@ def test_output_distribution_equals_p_on_the_source_example():
     p, q = [0.5, 0.1, 0.4], [0.2, 0.5, 0.3]
     assert torch.allclose(output_distribution(p, q), torch.tensor(p, dtype=torch.float64), atol=1e-12)
     assert total_variation(p, q) == pytest.approx(0.4)
+
+
+def test_output_distribution_works_row_by_row():
+    """A batch [N, V] gives one output distribution per row: each equals its p (rows normalised apart)."""
+    gen = torch.Generator().manual_seed(0)
+    p, q = torch.rand(4, 7, generator=gen, dtype=torch.float64), torch.rand(4, 7, generator=gen, dtype=torch.float64)
+    q[0] = 0
+    q[0, 2] = 3.0  # a one-hot draft, given as unnormalised weights
+    out = output_distribution(p, q)
+    assert out.shape == (4, 7)
+    torch.testing.assert_close(out, p / p.sum(-1, keepdim=True), rtol=0, atol=1e-12)
+
+
+def test_output_distribution_of_a_broken_rule_is_not_p():
+    """Negative control: resampling from p instead of the residual gives min(p, q) + P(reject)·p."""
+    p, q = torch.tensor([0.5, 0.1, 0.4], dtype=torch.float64), torch.tensor([0.2, 0.5, 0.3], dtype=torch.float64)
+    broken = output_distribution(p, q, resample=p)
+    torch.testing.assert_close(broken, torch.minimum(p, q) + 0.4 * p, rtol=0, atol=1e-12)
+    assert (broken - p).abs().max() > 0.1
+
+
+def test_output_distribution_refuses_non_distributions():
+    with pytest.raises(ValueError, match="non-negative weights"):
+        output_distribution([0.5, -0.1, 0.6], [0.2, 0.3, 0.5])
+    with pytest.raises(ValueError, match="positive sum"):
+        output_distribution([0.5, 0.5], [0.0, 0.0])
 
 
 def test_simulate_first_token_matches_p_and_controls_do_not():
@@ -97,3 +120,9 @@ def test_explorer_set_changes_several_controls_with_one_redraw():
     np.testing.assert_allclose(ex.state["output"], ex.state["p"], atol=1e-12)
     with pytest.raises(KeyError, match="unknown controls"):
         ex.set(nope=1)
+
+
+def test_widgets_without_ipywidgets_say_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ipywidgets", None)  # as if not installed
+    with pytest.raises(ImportError, match=r"specdec-edu\[notebooks\]"):
+        accept_rule_explorer()

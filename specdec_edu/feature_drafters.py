@@ -1,0 +1,379 @@
+"""Drafters that read the target's own features: Medusa heads and an EAGLE-style layer.
+
+A draft model starts from scratch at every position. The target has already computed a
+rich summary of the context: its last hidden state f_t (the input of ``lm_head``, after
+the final norm). These drafters build on it:
+
+* :class:`MedusaDrafter` (Cai et al. 2024, "Medusa"): K small residual heads on the
+  latest feature, head k guessing the token k positions further ahead. One matrix product
+  per head, no recurrence: very cheap, but each head guesses blind to the heads before it.
+* :class:`EagleDrafter` (Li et al. 2024, "EAGLE: Speculative Sampling Requires Rethinking
+  Feature Uncertainty"): ONE decoder layer that predicts the *next feature* from the
+  current feature and the next token, f̂_{t+1} = layer(fc([f_t ; embed(x_{t+1})])), and reads
+  tokens off f̂ with the target's own ``lm_head``. It drafts autoregressively at the feature
+  level, feeding its own f̂ back in.
+
+Both reuse the target's frozen embedding and ``lm_head`` (shared, not copied), restricted
+to the first ``draft_vocab_size`` ids like the embedded draft's reduced head: q = 0 on the
+other ids, which ``speculative_generate`` zero-pads and which leaves decoding exact. Only
+the new layers are trained and saved (``save(dir)`` / ``load(dir, target)``).
+
+**How features arrive.** A drafter with an ``observe(features)`` method is shown, by
+``speculative_generate``, the target's features ``[n, d]`` for exactly the positions the
+target's KV cache keeps: the prompt minus its last token (prefill), then after every round
+``[last] + accepted drafts``. So when ``propose`` is called with a context x_0 … x_{L−1}
+(length L), the drafter has seen f_0 … f_{L−2}: the context's last token has not been
+through the target yet (it is the target's own sample from the last round). Rejected
+drafts never produce an observation, so the features seen are always real and final.
+
+``load_drafter(name, target)`` gives any drafter of the course by name.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import kv
+from .drafters import ModelDrafter, PromptLookupDrafter, to_device
+from .sampling import sample
+
+__all__ = ["MedusaDrafter", "EagleDrafter", "load_drafter", "DRAFTER_NAMES", "TRAIN_COMMAND"]
+
+DRAFTER_NAMES = ("draft", "medusa", "eagle", "prompt-lookup")
+TRAIN_COMMAND = "python scripts/train_feature_drafters.py"
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+
+
+class FeatureDrafter:
+    """What Medusa and EAGLE share: the target's reduced head, the feature count, save/load.
+
+    Subclasses set ``kind`` (the name in the saved config), build their trainable layers as
+    ``self.net`` (an ``nn.Module``: the only weights they own) and list the constructor
+    arguments to save in ``init_args()``. The drafter itself is deliberately *not* an
+    ``nn.Module``: ``speculative_generate`` treats a module as a draft LM.
+    """
+
+    kind = ""
+    net: nn.Module
+
+    def __init__(self, target: nn.Module, draft_vocab_size: int | None):
+        rows = target.get_output_embeddings().weight.shape[0]
+        self.target = target
+        self.width = draft_vocab_size or rows  # V': the ids the draft can propose
+        if not 1 <= self.width <= rows:
+            raise ValueError(f"draft_vocab_size={draft_vocab_size}: choose 1..{rows} (the target's head has {rows} rows).")
+        self.hidden_size = target.get_output_embeddings().weight.shape[1]
+        self.reset()
+
+    # ---- the target's frozen pieces -------------------------------------------------------------
+
+    def head(self, features: torch.Tensor) -> torch.Tensor:
+        """Logits ``[..., V']`` from features ``[..., d]``: the target's ``lm_head``, first V' rows.
+        Slicing the weight is a view, so the target's head is shared, never copied."""
+        lm_head = self.target.get_output_embeddings()
+        bias = None if lm_head.bias is None else lm_head.bias[: self.width]
+        return F.linear(features, lm_head.weight[: self.width], bias)
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The target's input embedding of ``tokens`` ``[...]`` → ``[..., d]``."""
+        return self.target.get_input_embeddings()(tokens)
+
+    # ---- the loop's side: observations ----------------------------------------------------------
+
+    def reset(self) -> None:
+        """Forget everything seen (``speculative_generate`` calls this before each generation)."""
+        self.n_seen = 0  # target features observed so far = positions the target's cache keeps
+
+    def observe(self, features: torch.Tensor) -> None:
+        """Take the target's features ``[n, d]`` for the next n positions (kept by its cache)."""
+        self.n_seen += features.shape[0]
+
+    def check_context(self, context: torch.Tensor) -> None:
+        """The drafter needs f_0 … f_{L−2} for a context of length L (a host-side check: no sync)."""
+        if self.n_seen != len(context) - 1:
+            raise ValueError(
+                f"{type(self).__name__} has seen target features for {self.n_seen} positions but the context has "
+                f"{len(context)} tokens: it needs exactly len(context) - 1 (every position but the last). Run it "
+                "through speculative_generate, or call reset() and then observe(features of context[:-1]) first."
+            )
+
+    def nothing(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """An empty proposal: tokens ``[0]``, q ``[0, V']`` (the round then is a target-only step)."""
+        device = self.target.device
+        return torch.empty(0, dtype=torch.long, device=device), torch.zeros(0, self.width, device=device)
+
+    # ---- save / load: only the new layers ------------------------------------------------------
+
+    def init_args(self) -> dict:
+        return {"draft_vocab_size": self.width}
+
+    def save(self, path, dtype: torch.dtype = torch.float16) -> None:
+        """Write ``config.json`` and ``model.safetensors`` (the new layers only, in ``dtype``) to ``path``."""
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        state = {name: w.detach().to("cpu", dtype).contiguous() for name, w in self.net.state_dict().items()}
+        save_file(state, path / "model.safetensors")
+        config = {
+            "kind": self.kind,
+            "args": self.init_args(),
+            "target": {"model_type": self.target.config.model_type, "hidden_size": self.hidden_size},
+        }
+        (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path, target: nn.Module):
+        """A drafter saved with ``save(path)``, on ``target`` (weights cast to the target's device and dtype)."""
+        from safetensors.torch import load_file
+
+        path = Path(path)
+        if not (path / "config.json").is_file() or not (path / "model.safetensors").is_file():
+            raise FileNotFoundError(
+                f"no trained {cls.kind} drafter in {path} (needs config.json + model.safetensors). Train one with:  "
+                f"{TRAIN_COMMAND}  (or pass path= to a directory written by drafter.save(dir))."
+            )
+        config = json.loads((path / "config.json").read_text())
+        kind, trained_on = config.get("kind"), config["target"]
+        if kind != cls.kind:
+            raise ValueError(f"{path} holds a {kind!r} drafter, not a {cls.kind!r} one: "
+                             f"load it with load_drafter({kind!r}, target, path).")
+        d = target.get_output_embeddings().weight.shape[1]
+        if trained_on["hidden_size"] != d:
+            raise ValueError(f"{path} was trained on a target with hidden size {trained_on['hidden_size']} "
+                             f"({trained_on['model_type']}), this target has {d}: load it with the target it was trained on.")
+        drafter = cls(target, **config["args"])
+        state = load_file(path / "model.safetensors")
+        drafter.net.load_state_dict({name: w.to(target.device, target.dtype) for name, w in state.items()})
+        return drafter
+
+
+# ---- Medusa -------------------------------------------------------------------------------------
+
+
+class MedusaHeads(nn.Module):
+    """K residual blocks: head k maps a feature h ``[..., d]`` to h + SiLU(W_k h + b_k).
+
+    The target's ``lm_head`` then turns each into logits. W_k and b_k start at zero (as in
+    Medusa), so an untrained head is the target's own head: training starts from there.
+    """
+
+    def __init__(self, hidden_size: int, n_heads: int):
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(hidden_size, hidden_size) for _ in range(n_heads))
+        for block in self.blocks:
+            nn.init.zeros_(block.weight)
+            nn.init.zeros_(block.bias)
+
+    def forward(self, features: torch.Tensor, n: int | None = None) -> torch.Tensor:
+        """``[..., d]`` → ``[..., n, d]``: the first ``n`` heads (all by default)."""
+        return torch.stack([features + F.silu(block(features)) for block in self.blocks[:n]], -2)
+
+
+class MedusaDrafter(FeatureDrafter):
+    """Medusa: K heads on the latest target feature, all guessing at once (chain drafting).
+
+    **Alignment** (the classic off-by-one): at ``propose`` time the context has L tokens and
+    the latest feature is f_{L−2}. The target's own head on f_{L−2} predicts x_{L−1}, which
+    is already known (it is the context's last token). So head k on f_{L−2} guesses the
+    token k positions after that, x_{L−2+k+1}::
+
+        position:      …   L−2       L−1        L          L+1         L+2
+        context:       …  x_{L−2}   x_{L−1}  |  (drafts)
+        feature:       …  f_{L−2}      —      (x_{L−1} has not been through the target yet)
+        lm_head(f_{L−2}) ──────────> x_{L−1}   (known: not drafted)
+        head 1 (f_{L−2}) ────────────────────> x_L
+        head 2 (f_{L−2}) ───────────────────────────────> x_{L+1}
+        head k (f_t) predicts x_{t+k+1}; in training, its target is the target's distribution at t+k.
+
+    A round proposes min(γ, K) tokens, token k drawn from head k's q (with ``generator``
+    when sampling; the argmax when greedy). Each head guesses without seeing the earlier
+    drafts, so q_k is also the distribution of draft k *given* the earlier drafts: exact.
+
+    Args:
+        target: the HF causal LM being decoded (its ``lm_head`` is shared).
+        n_heads: K, the most tokens a round can draft.
+        draft_vocab_size: V', propose only ids < V' (default: the whole head).
+    """
+
+    kind = "medusa"
+
+    def __init__(self, target: nn.Module, n_heads: int = 4, draft_vocab_size: int | None = None):
+        if n_heads < 1:
+            raise ValueError(f"n_heads={n_heads}: Medusa needs at least one head.")
+        super().__init__(target, draft_vocab_size)
+        self.n_heads = n_heads
+        weight = target.get_output_embeddings().weight
+        self.net = MedusaHeads(self.hidden_size, n_heads).to(weight.device, weight.dtype).eval()  # zero init: no RNG
+
+    def init_args(self) -> dict:
+        return {"n_heads": self.n_heads, **super().init_args()}
+
+    def reset(self) -> None:
+        super().reset()
+        self.latest = None  # f_{L−2}: the only feature Medusa needs
+
+    @torch.no_grad()
+    def observe(self, features: torch.Tensor) -> None:
+        super().observe(features)
+        if len(features):
+            self.latest = features[-1]
+
+    @torch.no_grad()
+    def propose(self, context, gamma, to_probs, generator=None):
+        """Tokens ``[γ']`` and q ``[γ', V']``, γ' = min(γ, K): head k's guess for x_{L−1+k}."""
+        self.check_context(context)
+        if gamma < 1 or self.latest is None:  # a one-token prompt: no feature yet, the target goes alone
+            return self.nothing()
+        q = to_probs(self.head(self.net(self.latest, min(gamma, self.n_heads))))  # [γ', V']
+        tokens = torch.multinomial(q, 1, generator=generator)[:, 0]  # one draw per head's row
+        return tokens, q
+
+
+# ---- EAGLE --------------------------------------------------------------------------------------
+
+
+def one_layer_config(config):
+    """The target's config with one layer (for the draft layer).
+
+    ``vocab_size = 1``: the layer stack's own embedding is never used (the drafter reads
+    the target's), so it should not cost V × d parameters.
+    """
+    config = copy.deepcopy(config)
+    config.num_hidden_layers, config.vocab_size, config.pad_token_id = 1, 1, None
+    if getattr(config, "layer_types", None):  # hybrid models: the first layer's kind
+        config.layer_types = config.layer_types[:1]
+    return config
+
+
+class EagleNet(nn.Module):
+    """EAGLE's trainable part: ``fc([f_t ; e_{t+1}])`` → one decoder layer (+ final norm) → f̂_{t+1}.
+
+    The layer stack is the target's own decoder class with one layer, so the causal mask,
+    the rotary position embedding and the KV cache work exactly as in the target.
+    """
+
+    def __init__(self, target: nn.Module):
+        super().__init__()
+        d = target.config.hidden_size
+        self.fc = nn.Linear(2 * d, d)
+        self.decoder = type(target.get_decoder())(one_layer_config(target.config))
+        self.decoder.embed_tokens = None  # never used: inputs come as embeddings (keeps it out of the saved weights)
+
+    def forward(self, features: torch.Tensor, embeds: torch.Tensor, cache=None) -> torch.Tensor:
+        """``features`` f_t and ``embeds`` embed(x_{t+1}), both ``[B, n, d]`` → f̂_{t+1} ``[B, n, d]``.
+
+        With a ``cache`` (batch 1), positions continue after what it holds and it grows by n.
+        """
+        x = self.fc(torch.cat([features, embeds], -1))
+        if cache is None:  # training: whole sequences, causal mask, no cache
+            return self.decoder(inputs_embeds=x, use_cache=False).last_hidden_state
+        return kv.forward(self.decoder, None, cache, inputs_embeds=x).last_hidden_state  # input_ids=None: we pass embeddings
+
+
+class EagleDrafter(FeatureDrafter):
+    """EAGLE: one decoder layer drafting at the feature level, with its own KV cache.
+
+    **The pairing invariant:** the layer's input at position t is the pair (f_t, x_{t+1}),
+    and its output is f̂_{t+1}, read by the target's head as q over x_{t+2}::
+
+        real positions:  (f_0, x_1) … (f_{L−2}, x_{L−1})  → f̂_{L−1} → q_1 over x_L     → draft d_1
+        draft step 2:    (f̂_{L−1}, d_1)                   → f̂_L     → q_2 over x_{L+1} → draft d_2
+        draft step 3:    (f̂_L, d_2)                       → f̂_{L+1} → q_3 over x_{L+2} → draft d_3 …
+
+    x_{t+1} is the token the target actually emitted after position t: it resolves the
+    uncertainty of sampling that a feature alone cannot (EAGLE's key point). The first step
+    uses the real feature f_{L−2}; later ones feed back the layer's own predicted f̂.
+
+    **Cache bookkeeping (host-side, no sync).** The draft cache holds n_real positions fed
+    with real features, then the γ − 1 draft steps of the last round. The next round only
+    ever keeps real features: ``observe`` received exactly the positions the target kept,
+    so ``propose`` crops the draft steps, feeds the (f_t, x_{t+1}) pairs for the features
+    observed since, and drafts. Accepted drafts are thus re-fed with their real features
+    (better than the drafted f̂), as in EAGLE. The per-token loop never reads the device.
+
+    Args:
+        target: the HF causal LM being decoded (its embedding and ``lm_head`` are shared).
+        draft_vocab_size: V', propose only ids < V' (default: the whole head).
+        seed: seeds the random initialisation (without touching the global RNG).
+    """
+
+    kind = "eagle"
+
+    def __init__(self, target: nn.Module, draft_vocab_size: int | None = None, seed: int = 0):
+        weight = target.get_output_embeddings().weight
+        with torch.random.fork_rng(devices=[]):  # seeded init without touching the global RNG
+            torch.manual_seed(seed)
+            self.net = EagleNet(target).to(weight.device, weight.dtype).eval()
+        super().__init__(target, draft_vocab_size)  # calls reset(), which needs self.net
+
+    def reset(self) -> None:
+        super().reset()
+        self.cache = kv.new_cache(self.net.decoder)
+        self.n_real = 0  # draft-cache positions fed with real target features (all still valid)
+        self.n_cached = 0  # draft-cache positions in all: n_real + the last round's draft steps
+        self.unfed: list[torch.Tensor] = []  # features observed but not yet fed: f_{n_real} … f_{n_seen−1}
+        self.next_feature = None  # f̂_{n_real}: the layer's output at the last real position
+
+    @torch.no_grad()
+    def observe(self, features: torch.Tensor) -> None:
+        super().observe(features)
+        self.unfed.append(features)
+
+    def step(self, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed pairs (f_t, x_{t+1}): ``features`` ``[n, d]``, ``tokens`` ``[n]`` → f̂_{t+1} ``[n, d]``."""
+        self.n_cached += len(tokens)
+        return self.net(features[None], self.embed(tokens)[None], self.cache)[0]
+
+    @torch.no_grad()
+    def propose(self, context, gamma, to_probs, generator=None):
+        """Draft ``gamma`` tokens after ``context`` ``[L]`` (host); tokens ``[γ]`` and q ``[γ, V']``."""
+        self.check_context(context)
+        if gamma < 1 or self.n_seen == 0:  # a one-token prompt: no feature yet, the target goes alone
+            return self.nothing()
+        # 1. Roll back: drop last round's draft steps; the real positions are final.
+        kv.crop(self.cache, self.n_cached - self.n_real)
+        self.n_cached = self.n_real
+        # 2. Catch up: pairs (f_t, x_{t+1}) for t = n_real … L−2. The last output is f̂_{L−1}.
+        if self.unfed:
+            tokens = to_device(context[self.n_real + 1 :], self.target.device)  # x_{n_real+1} … x_{L−1}
+            self.next_feature = self.step(torch.cat(self.unfed), tokens)[-1]
+            self.n_real, self.unfed = self.n_seen, []
+        # 3. Draft autoregressively, feeding back the predicted feature (all on the device).
+        f_hat, tokens, qs = self.next_feature, [], []
+        for i in range(gamma):
+            q_i = to_probs(self.head(f_hat))  # q over x_{L+i}
+            token = sample(q_i, generator)
+            tokens.append(token)
+            qs.append(q_i)
+            if i < gamma - 1:  # the last draft need not be fed: nobody needs what comes after it yet
+                f_hat = self.step(f_hat[None], token[None])[0]
+        return torch.stack(tokens), torch.stack(qs)
+
+
+# ---- by name ------------------------------------------------------------------------------------
+
+
+def load_drafter(name: str, target: nn.Module, path=None):
+    """A drafter for ``speculative_generate(target, drafter, …)`` by name.
+
+    ``"draft"``: the embedded draft model (``assets/draft/``); ``"prompt-lookup"``: n-gram
+    lookup, no weights; ``"medusa"`` / ``"eagle"``: trained feature drafters from ``path``
+    (default ``assets/medusa/``, ``assets/eagle/``; written by ``scripts/train_feature_drafters.py``).
+    """
+    if name == "prompt-lookup":
+        return PromptLookupDrafter()
+    if name == "draft":
+        from .embedded import load_embedded_draft  # lazy: loads weights from assets/
+
+        return ModelDrafter(load_embedded_draft(device=target.device))
+    if name in ("medusa", "eagle"):
+        cls = MedusaDrafter if name == "medusa" else EagleDrafter
+        return cls.load(ASSETS / name if path is None else path, target)
+    raise ValueError(f"unknown drafter {name!r}: choose one of {', '.join(repr(n) for n in DRAFTER_NAMES)}.")

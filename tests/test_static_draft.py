@@ -1,0 +1,84 @@
+"""The draft model with a static KV cache, and with its one-token step compiled.
+
+``torch.compile`` runs here with ``backend="aot_eager"`` (graph capture by dynamo and
+AOTAutograd, no code generation): inductor's C++ compilation would take minutes on a CPU,
+and what these tests check (the output, one graph, no recompilation) does not depend on
+the backend.
+"""
+
+import pytest
+import torch
+
+from specdec_edu import ModelDrafter, kv, logits_to_probs, speculative_generate
+
+PROMPT = torch.tensor([[7, 8, 9, 10, 11]])
+COMPILE = {"backend": "aot_eager"}
+
+
+def reference(target, prompt, max_new_tokens):
+    mask = torch.ones_like(prompt)
+    out = target.generate(prompt, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0)
+    return out[0, prompt.shape[1]:].tolist()
+
+
+def new_tokens(out):
+    return out.sequences[0, out.prompt_length:].tolist()
+
+
+def test_static_cache_rollback_matches_recompute(target):
+    """Feed 6, feed 4 drafts, roll back 3, feed 2: the logits equal a from-scratch pass (stale slots are masked)."""
+    cache = kv.new_static_cache(target, 32)
+    with torch.no_grad():
+        kv.forward(target, torch.arange(10, 16)[None], cache)
+        kv.forward(target, torch.tensor([[40, 41, 42, 43]]), cache)
+        kv.crop(cache, 3)
+        assert kv.cache_length(cache) == 7
+        logits = kv.forward(target, torch.tensor([[44, 45]]), cache).logits[0, -1]
+        expected = target(torch.tensor([[10, 11, 12, 13, 14, 15, 40, 44, 45]])).logits[0, -1]
+    torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 5])
+def test_greedy_output_is_the_targets_with_every_cache(target, close_draft, gamma):
+    ref = reference(target, PROMPT, 30)
+    drafters = {
+        "dynamic": ModelDrafter(close_draft),
+        "static": ModelDrafter(close_draft, static_cache=True, max_cache_len=64),
+        "static, reduced head": ModelDrafter(close_draft, head_size=32, static_cache=True, max_cache_len=64),
+    }
+    for name, drafter in drafters.items():
+        for _ in range(2):  # a second generation reuses the (rewound) static cache
+            assert new_tokens(speculative_generate(target, drafter, PROMPT, max_new_tokens=30, gamma=gamma)) == ref, name
+
+
+def test_static_cache_samples_what_the_dynamic_cache_samples(target, draft):
+    """Sampling with the same seed: the same q (up to float rounding) gives the same tokens."""
+    outs = []
+    for drafter in (ModelDrafter(draft), ModelDrafter(draft, static_cache=True, max_cache_len=96)):
+        gen = torch.Generator().manual_seed(7)
+        out = speculative_generate(target, drafter, PROMPT, max_new_tokens=40, gamma=4, do_sample=True, generator=gen)
+        outs.append(new_tokens(out))
+    assert outs[0] == outs[1]
+
+
+def test_compiled_step_is_exact_and_compiles_once(target, close_draft):
+    """Compiled once, then every step of two generations (other prompt, other γ) reuses it:
+    ``error_on_recompile`` turns any second compilation into an error."""
+    torch.compiler.reset()
+    drafter = ModelDrafter(close_draft, static_cache=True, max_cache_len=64, compile=True, compile_options=COMPILE)
+    other = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        first = speculative_generate(target, drafter, PROMPT, max_new_tokens=30, gamma=4)
+        second = speculative_generate(target, drafter, other, max_new_tokens=20, gamma=2)
+    assert new_tokens(first) == reference(target, PROMPT, 30)
+    assert new_tokens(second) == reference(target, other, 20)
+
+
+def test_static_cache_errors_name_the_fix(close_draft, generator):
+    to_probs = lambda logits: logits_to_probs(logits, temperature=1.0)
+    drafter = ModelDrafter(close_draft, static_cache=True, max_cache_len=8)
+    drafter.propose(torch.arange(5), 4, to_probs, generator)  # 5 + 3 fed drafts = 8 positions: fits
+    with pytest.raises(ValueError, match="max_cache_len"):
+        drafter.propose(torch.arange(7), 4, to_probs, generator)  # 7 + 3 > 8
+    with pytest.raises(ValueError, match="static_cache=True"):
+        ModelDrafter(close_draft, compile=True)
