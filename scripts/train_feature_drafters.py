@@ -27,14 +27,12 @@ drafter: at draft step 2 its input is its own f̂, not the target's f. Two remed
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the package, from a checkout
@@ -42,27 +40,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the package, 
 from specdec_edu import autoregressive_generate, speculative_generate  # noqa: E402
 from specdec_edu.feature_drafters import EagleDrafter, MedusaDrafter  # noqa: E402
 from specdec_edu.feature_training import (  # noqa: E402
+    Corpus,  # noqa: F401  (here so that feature caches pickled by earlier runs of this script unpickle)
     collect_features,
     eagle_loss,
     evaluate_teacher_forced,
+    load_token_data,
     medusa_loss,
     train,
 )
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def load_token_data(data_dir) -> list[tuple[list[int], int]]:
-    """``(token ids, prompt length)`` per sequence of ``scripts/feature_data.py``'s shards (the target's answers, then
-    documentation text), in a fixed order."""
-    rows = []
-    shards = sorted(glob.glob(str(Path(data_dir) / "answers_*.npz"))) + sorted(glob.glob(str(Path(data_dir) / "text_*.npz")))
-    for shard in shards:
-        d = np.load(shard)
-        starts = np.concatenate([[0], np.cumsum(d["lengths"])[:-1]])
-        for s, n, p in zip(starts, d["lengths"], d["prompt_lengths"]):
-            rows.append((d["tokens"][s: s + n].astype(np.int64).tolist(), int(p)))
-    return rows
 
 
 def held_out_prompts() -> list[str]:
@@ -73,8 +60,8 @@ def held_out_prompts() -> list[str]:
     return list(EVAL_PROMPTS)
 
 
-def evaluate(target, tokenizer, kinds: list[str], *, gammas=(2, 3, 4, 5), max_new_tokens: int = 64, repeats: int = 2,
-             seed: int = 0) -> dict:
+def evaluate(target, tokenizer, kinds: list[str], *, gammas=(2, 3, 4), max_new_tokens: int = 64, repeats: int = 1,
+             n_prompts: int = 6, seed: int = 0) -> dict:
     """Greedy, held-out prompts: α per draft position, τ, tokens/s vs target-only (interleaved, medians), c,
     and identity with the target's own output; then one sampled run (T = 0.7) per drafter against target-only."""
     import statistics
@@ -83,7 +70,7 @@ def evaluate(target, tokenizer, kinds: list[str], *, gammas=(2, 3, 4, 5), max_ne
     from specdec_edu.experiments import interleaved_benchmark
     from specdec_edu.measure import forward_seconds
 
-    prompts = [chat_prompt(tokenizer, p) for p in held_out_prompts()]
+    prompts = [chat_prompt(tokenizer, p) for p in held_out_prompts()[:n_prompts]]
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     drafters = {kind: load_drafter(kind, target) for kind in kinds}
 

@@ -25,10 +25,13 @@ What the demo does, step by step:
 
 Two drafters are compared by default:
 
-* **model**: the tiny draft model; a general-purpose guesser, asked an open question.
+* **model**: the tiny standalone draft model; a general-purpose guesser, asked an open question.
 * **prompt lookup**: no model at all; it proposes the tokens that followed the last
   occurrence of the current n-gram earlier in the context. It shines when the answer
   copies from the input, so by default it gets a "rewrite this paragraph" prompt.
+
+``--drafter eagle`` / ``medusa`` / ``all`` add the feature drafters (``assets/eagle/``, ``assets/medusa/``,
+trained by ``scripts/train_feature_drafters.py``; not yet faster than the target on this CPU).
 
 With greedy decoding (the default) speculative decoding must produce *exactly* the target's
 own output; the demo checks that token for token and prints ``identical: yes``.
@@ -47,7 +50,9 @@ import torch
 
 from .viz import ANSI, ANSI_RESET, legend, mark_tokens, token_pieces  # noqa: F401 (ANSI*: re-exported for tests)
 
-DRAFTER_LABELS = {"model": "model draft", "prompt-lookup": "prompt lookup"}
+DRAFTER_LABELS = {"model": "model draft", "eagle": "EAGLE (features)", "medusa": "Medusa (features)",
+                  "prompt-lookup": "prompt lookup"}
+DRAFTER_SETS = {"all": ("model", "eagle", "prompt-lookup"), "both": ("model", "prompt-lookup")}
 
 #: The model draft's default prompt: an open question, not one of the draft's training prompts.
 DEFAULT_OPEN_PROMPT = "Why do cats purr, and what does it mean when they do? Answer in a short paragraph."
@@ -100,10 +105,12 @@ class DrafterReport:
 # --------------------------------------------------------------------------------------
 # Running the two decoders
 # --------------------------------------------------------------------------------------
-def make_drafter(kind: str, draft_model):
-    """Build the drafter object for ``kind`` ("model" or "prompt-lookup")."""
-    from . import ModelDrafter, PromptLookupDrafter
+def make_drafter(kind: str, draft_model, target=None):
+    """Build the drafter object for ``kind`` ("model", "eagle", "medusa" or "prompt-lookup")."""
+    from . import ModelDrafter, PromptLookupDrafter, load_drafter
 
+    if kind in ("eagle", "medusa"):
+        return load_drafter(kind, target)
     if kind == "model":
         if draft_model is None:
             raise ValueError("the model drafter needs a draft model")
@@ -146,7 +153,7 @@ def run_both(target, draft_model, kind, input_ids, settings, eos_token_id):
             target, input_ids, eos_token_id=eos_token_id,
             **_sampling_kwargs(settings, target.device)))
         speculatives.append(speculative_generate(
-            target, make_drafter(kind, draft_model), input_ids, gamma=settings.gamma,
+            target, make_drafter(kind, draft_model, target), input_ids, gamma=settings.gamma,
             eos_token_id=eos_token_id, **_sampling_kwargs(settings, target.device)))
     fastest = lambda runs: min(runs, key=lambda r: r.stats.seconds)  # noqa: E731
     return fastest(baselines), fastest(speculatives)
@@ -339,7 +346,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "then different draws from the same distribution")
     parser.add_argument("--temperature", type=float, default=1.0, help="with --sample")
     parser.add_argument("--seed", type=int, default=0, help="with --sample")
-    parser.add_argument("--drafter", choices=["model", "prompt-lookup", "both"], default="both")
+    parser.add_argument("--drafter", choices=["model", "eagle", "medusa", "prompt-lookup", "both", "all"], default="both",
+                        help="both: model and prompt-lookup (default); all: model, eagle and prompt-lookup")
     parser.add_argument("--repeats", type=int, default=2,
                         help="timed runs per decoder; the fastest counts (default 2)")
     parser.add_argument("--device", default=None, help="cuda, mps or cpu (default: best available)")
@@ -348,7 +356,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def settings_from_args(args: argparse.Namespace, out: TextIO) -> DemoSettings:
     """Turn parsed flags into :class:`DemoSettings`."""
-    drafters = ("model", "prompt-lookup") if args.drafter == "both" else (args.drafter,)
+    drafters = DRAFTER_SETS.get(args.drafter, (args.drafter,))
     # Colour only for a terminal, and never if the user asked not to (--no-color, or the
     # NO_COLOR environment variable, a convention many command-line tools follow).
     color = (not args.no_color and "NO_COLOR" not in os.environ

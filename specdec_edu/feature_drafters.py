@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import copy
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -47,7 +48,14 @@ __all__ = ["MedusaDrafter", "EagleDrafter", "load_drafter", "DRAFTER_NAMES", "TR
 
 DRAFTER_NAMES = ("draft", "medusa", "eagle", "prompt-lookup")
 TRAIN_COMMAND = "python scripts/train_feature_drafters.py"
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
+
+
+def asset_dir(name: str) -> Path:
+    """``assets/<name>`` of the repository (a clone, an editable install) or, for a regular install (e.g.
+    ``pip install git+…`` on Colab), the copy under ``<prefix>/share/specdec-edu/<name>`` (pyproject's data-files)."""
+    in_repo = Path(__file__).resolve().parent.parent / "assets" / name
+    installed = Path(sys.prefix) / "share" / "specdec-edu" / name
+    return installed if not in_repo.exists() and installed.exists() else in_repo
 
 
 class FeatureDrafter:
@@ -375,5 +383,5 @@ def load_drafter(name: str, target: nn.Module, path=None):
         return ModelDrafter(load_embedded_draft(device=target.device))
     if name in ("medusa", "eagle"):
         cls = MedusaDrafter if name == "medusa" else EagleDrafter
-        return cls.load(ASSETS / name if path is None else path, target)
+        return cls.load(asset_dir(name) if path is None else path, target)
     raise ValueError(f"unknown drafter {name!r}: choose one of {', '.join(repr(n) for n in DRAFTER_NAMES)}.")

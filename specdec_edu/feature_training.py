@@ -15,8 +15,10 @@ template are easy and would inflate every number).
 
 from __future__ import annotations
 
+import glob
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -55,6 +57,19 @@ class Corpus:
     def subset(self, idx: torch.Tensor) -> Corpus:
         return Corpus(*(getattr(self, name)[idx] for name in
                         ("features", "tokens", "top_ids", "top_logp", "lengths", "prompt_lengths")))
+
+
+def load_token_data(data_dir) -> list[tuple[list[int], int]]:
+    """``(token ids, prompt length)`` per sequence of ``scripts/feature_data.py``'s shards in ``data_dir``
+    (the target's answers, then documentation text), in a fixed order."""
+    rows = []
+    shards = sorted(glob.glob(str(Path(data_dir) / "answers_*.npz"))) + sorted(glob.glob(str(Path(data_dir) / "text_*.npz")))
+    for shard in shards:
+        d = np.load(shard)
+        starts = np.concatenate([[0], np.cumsum(d["lengths"])[:-1]])
+        for s, n, p in zip(starts, d["lengths"], d["prompt_lengths"]):
+            rows.append((d["tokens"][s: s + n].astype(np.int64).tolist(), int(p)))
+    return rows
 
 
 @torch.no_grad()
@@ -152,8 +167,9 @@ def eagle_loss(drafter: EagleDrafter, data: Corpus, idx: torch.Tensor, *, noise:
 
 
 def train(drafter, loss_fn, data: Corpus, *, minutes: float, lr: float, batch_size: int, generator, desc: str,
-          max_steps: int | None = None) -> list[float]:
-    """AdamW (cosine decay) on ``drafter.net`` only, for ``minutes`` or ``max_steps``; the target stays frozen."""
+          max_steps: int | None = None, callback=None) -> list[float]:
+    """AdamW (cosine decay) on ``drafter.net`` only, for ``minutes`` or ``max_steps``; the target stays frozen.
+    ``callback(step, loss)`` runs after every step (in eval mode)."""
     drafter.target.requires_grad_(False)  # gradients flow through the shared head/embedding, never into them
     net = drafter.net.train().requires_grad_(True)
     optimizer = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=0.0)
@@ -173,6 +189,10 @@ def train(drafter, loss_fn, data: Corpus, *, minutes: float, lr: float, batch_si
         step += 1
         bar.update()
         bar.set_postfix(loss=f"{losses[-1]:.3f}", top1=" ".join(f"{a:.2f}" for a in agree), refresh=False)
+        if callback is not None:  # e.g. a notebook recording validation agreement as training goes
+            net.eval()
+            callback(step, losses[-1])
+            net.train()
     bar.close()
     net.eval().requires_grad_(False)
     return losses

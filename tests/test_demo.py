@@ -87,6 +87,8 @@ def test_cli_parses_demo_flags():
     assert not settings.color
     assert demo.settings_from_args(build_parser().parse_args(["demo"]), io.StringIO()).drafters == (
         "model", "prompt-lookup")
+    assert demo.settings_from_args(build_parser().parse_args(["demo", "--drafter", "all"]), io.StringIO()).drafters == (
+        "model", "eagle", "prompt-lookup")
 
 
 def test_cli_requires_a_command(capsys):

@@ -247,7 +247,7 @@ def test_save_load_round_trip(tmp_path, target, kind):
 def test_load_drafter_errors_and_names(tmp_path, monkeypatch, target):
     with pytest.raises(ValueError, match="'draft', 'medusa', 'eagle', 'prompt-lookup'"):
         load_drafter("lookahead", target)
-    monkeypatch.setattr(feature_drafters, "ASSETS", tmp_path)  # the default assets/<name>/ does not exist
+    monkeypatch.setattr(feature_drafters, "asset_dir", lambda name: tmp_path / name)  # no default assets/<name>/
     for name in ("medusa", "eagle"):
         with pytest.raises(FileNotFoundError, match=f"{name}.*python scripts/train_feature_drafters.py"):
             load_drafter(name, target)

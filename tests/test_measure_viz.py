@@ -59,3 +59,14 @@ def test_token_rendering(target, close_draft):
     plain = mark_tokens(pieces, out.token_sources[0], color=False)
     assert ("[" in plain) == ("accepted" in out.token_sources[0])
     assert "\033[" in mark_tokens(pieces, out.token_sources[0], color=True) and "\033[" in legend(True)
+
+
+def test_feature_drafter_diagram():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from specdec_edu.viz import draw_feature_drafters
+
+    fig = draw_feature_drafters()
+    titles = [ax.get_title() for ax in fig.axes]
+    assert len(titles) == 2 and titles[0].startswith("Medusa") and titles[1].startswith("EAGLE")
