@@ -77,7 +77,7 @@ def evaluate(target, tokenizer, kinds: list[str], *, gammas=(2, 3, 4), max_new_t
     def run_all(make):
         return lambda: [make(ids) for ids in prompts]
 
-    fns = {"target_only": run_all(lambda ids: speculative_generate_baseline(target, ids, max_new_tokens, eos))}
+    fns = {"target_only": run_all(lambda ids: target_only_generate(target, ids, max_new_tokens, eos))}
     for kind, drafter in drafters.items():
         for g in gammas:
             fns[f"{kind}_g{g}"] = run_all(lambda ids, d=drafter, g=g: speculative_generate(
@@ -110,7 +110,7 @@ def evaluate(target, tokenizer, kinds: list[str], *, gammas=(2, 3, 4), max_new_t
         best = max(report["drafters"][kind], key=lambda g: report["drafters"][kind][g]["speedup"])
         sampled = {}
         runners = {
-            "target_only": lambda ids, gen: speculative_generate_baseline(target, ids, max_new_tokens, eos, do_sample=True,
+            "target_only": lambda ids, gen: target_only_generate(target, ids, max_new_tokens, eos, do_sample=True,
                                                                           generator=gen),
             "speculative": lambda ids, gen, d=drafter, g=best: speculative_generate(
                 target, d, ids, max_new_tokens=max_new_tokens, gamma=g, eos_token_id=eos, do_sample=True, temperature=0.7,
@@ -125,8 +125,8 @@ def evaluate(target, tokenizer, kinds: list[str], *, gammas=(2, 3, 4), max_new_t
     return report
 
 
-def speculative_generate_baseline(target, ids, max_new_tokens, eos, **kw):
-    """Target-only decoding with the package's baseline (same sampling code as the speculative loop)."""
+def target_only_generate(target, ids, max_new_tokens, eos, **kw):
+    """Target-only decoding (the package's baseline: same sampling code as the speculative loop); T = 0.7 when sampling."""
     if kw.get("do_sample"):
         kw.setdefault("temperature", 0.7)
     return autoregressive_generate(target, ids, max_new_tokens=max_new_tokens, eos_token_id=eos, **kw)

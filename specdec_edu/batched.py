@@ -21,6 +21,7 @@ import torch
 
 from . import kv
 from .result import GenerationResult, GenerationStats, cut_at_eos, stop_reason, sync
+from .sampling import nonfinite_logits_error
 from .verify import accept_and_resample
 
 
@@ -99,8 +100,7 @@ def batched_speculative_generate(target, draft, input_ids, attention_mask, *, ma
         # 2. One target forward over [last, drafts] for every row.
         logits, _ = _forward(target, t_cache, t_mask, torch.cat([last[:, None], drafts], 1), alive[:, None].expand(B, g + 1))
         if not torch.isfinite(logits).all():
-            raise ValueError("the target produced NaN or inf logits: its forward pass overflowed. "
-                             "Run it in float32 (dtype=torch.float32), or check its weights.")
+            raise nonfinite_logits_error("target")
         p = to_probs(logits)  # [B, γ+1, V]
 
         # 3. The batch-1 rule, row by row.
@@ -166,8 +166,7 @@ def batched_autoregressive_generate(target, input_ids, attention_mask, *, max_ne
     stats.prefill_seconds = time.perf_counter() - start
     while True:
         if not torch.isfinite(logits[:, -1]).all():
-            raise ValueError("the target produced NaN or inf logits: its forward pass overflowed. "
-                             "Run it in float32 (dtype=torch.float32), or check its weights.")
+            raise nonfinite_logits_error("target")
         tokens = torch.multinomial(to_probs(logits[:, -1]), 1, generator=generator)  # [B, 1]
         for i, t in enumerate(tokens[:, 0].tolist()):
             if not row_stats[i].stopped_by:

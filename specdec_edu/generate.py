@@ -27,7 +27,7 @@ from . import kv
 from .batched import batched_autoregressive_generate, batched_speculative_generate
 from .drafters import Drafter, ModelDrafter, to_device
 from .result import GenerationResult, GenerationStats, PhaseClock, cut_at_eos, stop_reason
-from .sampling import check_generator, check_sampling_args, logits_to_probs, sample
+from .sampling import check_generator, check_sampling_args, logits_to_probs, nonfinite_logits_error, sample
 from .verify import greedy_verify, verify_drafts
 
 
@@ -125,8 +125,7 @@ def propose_checked(drafter, context, gamma, to_probs, generator, device, vocab_
 def raise_for_flags(flags: list[int], drafter) -> None:
     """Turn the round's error flags ``[verify logits not finite, q not a distribution, token outside q]`` into errors."""
     if flags[0]:
-        raise ValueError("the target produced NaN or inf logits: its forward pass overflowed. "
-                         "Run it in float32 (dtype=torch.float32), or check its weights.")
+        raise nonfinite_logits_error("target")
     if flags[1]:
         raise ValueError(f"{type(drafter).__name__}.propose returned a q that is not a probability distribution "
                          "(NaN/inf, negative, or rows that do not sum to 1): return the probabilities the tokens were "
@@ -308,8 +307,7 @@ def autoregressive_generate(
         token = logits.argmax() if not do_sample else sample(to_probs(logits), generator)
         token_id, finite = torch.stack([token, torch.isfinite(logits).all().long()]).tolist()  # one sync per token
         if not finite:
-            raise ValueError("the target produced NaN or inf logits: its forward pass overflowed. "
-                             "Run it in float32 (dtype=torch.float32), or check its weights.")
+            raise nonfinite_logits_error("target")
         new.append(token_id)
         if not stats.rounds:
             stats.prefill_seconds = clock.lap()

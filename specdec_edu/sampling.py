@@ -45,10 +45,7 @@ def logits_to_probs(
     """
     check_sampling_args(temperature, top_k, top_p)
     if check_finite and not torch.isfinite(logits).all():
-        raise ValueError(
-            "the model produced NaN or inf logits: its forward pass overflowed. "
-            "Run it in float32 (dtype=torch.float32), or check its weights."
-        )
+        raise nonfinite_logits_error("model")
     logits = logits.double() if logits.dtype == torch.float64 else logits.float()
 
     if temperature == 0:  # greedy: all the mass on the argmax (ties: the first, like torch.argmax)
@@ -68,6 +65,12 @@ def logits_to_probs(
         drop = drop_sorted.scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits.softmax(-1)
+
+
+def nonfinite_logits_error(who: str) -> ValueError:
+    """The error for NaN/inf logits (an overflowed forward pass), naming the fix."""
+    return ValueError(f"the {who} produced NaN or inf logits: its forward pass overflowed. "
+                      "Run it in float32 (dtype=torch.float32), or check its weights.")
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
