@@ -1,8 +1,12 @@
-"""The exercise checker used at the end of every notebook.
+"""The exercise checkers used at the end of the notebooks.
 
 ``check_answer(name, answer, expected)`` says clearly whether an answer is right, and
 treats an exercise left as ``...`` as "not attempted yet" rather than an error, so that
 running a whole notebook never stops at an untouched exercise cell.
+
+``check_speculative_round(round_fn, target, draft, prompt_ids)`` runs a learner's greedy
+speculative round (notebook 06, "build it yourself") until the answer is long enough and
+compares it, token by token, with the target's own greedy output.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["check_answer"]
+__all__ = ["check_answer", "check_speculative_round"]
 
 
 def _matches(answer: Any, expected: Any, tol: float) -> bool:
@@ -58,3 +62,51 @@ def check_answer(name: str, answer: Any, expected: Any, *, tol: float = 1e-6, hi
         raise AssertionError(message + (f" Hint: {hint}" if hint else ""))
     print(f"{name}: correct!")
     return True
+
+
+@torch.no_grad()
+def check_speculative_round(round_fn, target, draft, prompt_ids, *, gamma: int = 4, max_new_tokens: int = 24) -> bool | None:
+    """Run ``round_fn`` round after round from ``prompt_ids`` and compare with the target's greedy output.
+
+    ``round_fn(target, draft, cache, context, gamma) -> list[int]`` is one greedy round: ``context`` ``[n]``
+    holds every token so far and ``cache`` (a ``DynamicCache``) the target's keys/values for all of them
+    except the last. The round returns the tokens it emits (accepted drafts, then the target's correction or
+    bonus token) and must leave ``cache`` holding everything except the newest token.
+
+    Prints PASS, or FAIL with the first divergent position and any round that left the cache at the wrong
+    length, and returns True / False; returns None (printing "not written yet") if ``round_fn`` returns
+    ``NotImplemented``.
+    """
+    from . import kv
+    from .diagnostics import first_divergence
+    from .generate import autoregressive_generate
+
+    prompt = torch.as_tensor(prompt_ids).flatten().to(target.device)
+    reference = autoregressive_generate(target, prompt, max_new_tokens=max_new_tokens).row(0).tolist()
+    cache, context, new, wrong_cache, rounds = kv.new_cache(target), prompt, [], None, 0
+    if len(prompt) > 1:
+        kv.forward(target, prompt[None, :-1], cache)  # prefill: the cache holds all but the last token
+    while len(new) < max_new_tokens:
+        emitted, rounds = round_fn(target, draft, cache, context.clone(), gamma), rounds + 1
+        if emitted is NotImplemented:
+            print("not written yet — see the solution below")
+            return None
+        emitted = [int(t) for t in torch.as_tensor(emitted).flatten()]
+        if not 1 <= len(emitted) <= gamma + 1:
+            print(f"FAIL: round {rounds} returned {len(emitted)} tokens; a round emits 1 to γ + 1 = {gamma + 1}")
+            return False
+        context, new = torch.cat([context, torch.tensor(emitted, device=context.device)]), new + emitted
+        if wrong_cache is None and kv.cache_length(cache) != len(context) - 1:
+            wrong_cache = (rounds, kv.cache_length(cache), len(context) - 1)
+    new = new[:max_new_tokens]
+    diverged = first_divergence(target, prompt, torch.tensor(reference), torch.tensor(new))
+    if diverged is None and wrong_cache is None:
+        print(f"PASS: {len(new)} tokens identical to the target's greedy decoding (γ = {gamma})")
+        return True
+    if diverged is not None:
+        print(f"FAIL: first divergent position {diverged['position']}: the target's greedy token is "
+              f"{diverged['reference_token']}, your rounds gave {diverged['candidate_token']}")
+    if wrong_cache is not None:
+        print(f"FAIL: after round {wrong_cache[0]} the target's cache held {wrong_cache[1]} positions, "
+              f"expected {wrong_cache[2]} (all but the newest token): crop the rejected drafts")
+    return False

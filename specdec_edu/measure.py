@@ -1,9 +1,11 @@
 """Timing helpers: how long does one forward pass take on *this* device?
 
-Decoding is memory-bound: a forward that appends n tokens to the KV cache reads
-every weight once, whatever n is, so for small n its time barely grows. These
-helpers measure that, and the draft/target cost ratio c, with medians over repeats
-(machines are noisy; one measurement is an anecdote).
+A forward that appends n tokens to the KV cache walks over every weight once, whatever n
+is, so for small n its time grows slowly. For a large model on a GPU that is because the
+step is memory-bound (reading the weights dominates); for a small model on a CPU it is
+latency-bound (one-row matrix products and per-call overhead dominate; notebook 01).
+These helpers measure the curve, and the draft/target cost ratio c, with medians over
+repeats (machines are noisy; one measurement is an anecdote).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ def forward_seconds(model, n_new: int, context_length: int = 64, repeats: int = 
 
 def latency_curve(model, ns=(1, 2, 4, 8, 16, 32, 64), context_length: int = 64, repeats: int = 5,
                   progress: bool = True) -> dict[int, float]:
-    """``{n: median seconds}`` for forwards appending n tokens: the memory-bound curve."""
+    """``{n: median seconds}`` for forwards appending n tokens: the latency curve."""
     from tqdm.auto import tqdm
 
     ns = list(ns)

@@ -147,3 +147,100 @@ def draw_feature_drafters():
         ax.axis("off")
     fig.tight_layout()
     return fig
+
+
+#: Colours of the KV-cache picture: the token colours above, plus drafts not yet judged and rejected ones.
+KV_COLORS = {"context": BACKGROUND["target"], "pending": "#fff2cc", "accepted": BACKGROUND["accepted"],
+             "rejected": "#ffffff", "corrected": BACKGROUND["corrected"], "bonus": BACKGROUND["bonus"]}
+
+
+def kv_crop_rows(prompt_len: int, gamma: int, n_accepted: int) -> dict[str, dict]:
+    """The numbers behind :func:`draw_kv_crop`: for each moment of one greedy round, how many positions the
+    target's KV cache holds (``cached``) and which cells are drawn (``cells``, a list of kinds).
+
+    The package's bookkeeping (``speculative_generate``): the cache holds every token of the context except
+    the last one, which is fed, with the γ drafts, to the one verify forward. ``prompt_len`` is the length of
+    the context when the round starts (the prompt, or everything generated so far).
+    """
+    for name, value in (("prompt_len", prompt_len), ("gamma", gamma), ("n_accepted", n_accepted)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if prompt_len < 1:
+        raise ValueError(f"prompt_len={prompt_len}: a round starts from at least one token of context")
+    if gamma < 1:
+        raise ValueError(f"gamma={gamma}: a round drafts at least one token")
+    if not 0 <= n_accepted <= gamma:
+        raise ValueError(f"n_accepted={n_accepted}: a round accepts between 0 and gamma={gamma} drafts")
+    last = "bonus" if n_accepted == gamma else "corrected"
+    return {
+        "before": {"cached": prompt_len - 1, "cells": ["context"] * prompt_len + ["pending"] * gamma},
+        "verified": {"cached": prompt_len + gamma,
+                     "cells": ["context"] * prompt_len + ["accepted"] * n_accepted
+                     + ["rejected"] * (gamma - n_accepted) + [last]},
+        "cropped": {"cached": prompt_len + n_accepted,
+                    "cells": ["context"] * prompt_len + ["accepted"] * n_accepted + [last]},
+    }
+
+
+def draw_kv_crop(prompt_len: int, gamma: int, n_accepted: int, max_context_cells: int = 6):
+    """The target's KV cache in one greedy round, as three rows of cells (matplotlib). Returns the figure.
+
+    1. before the verify pass: the context is cached except its last token (dashed: not cached yet); the γ
+       drafts (pale yellow) are not in the target's cache;
+    2. after the verify forward over [last] + γ drafts: all of them are cached; the target accepted the
+       first ``n_accepted`` (green), rejected the rest (hatched) and chose one more token, a correction
+       (orange) or, if all were accepted, a bonus (blue), which is not cached yet;
+    3. after ``crop``: the rejected drafts' positions are removed; the cache again holds everything except the
+       newest token, which the next round's verify pass feeds first.
+
+    Long contexts are drawn as their last ``max_context_cells`` cells after an ellipsis; each row's label
+    gives the real number of cached positions (``kv_crop_rows`` has the numbers).
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    rows = kv_crop_rows(prompt_len, gamma, n_accepted)
+    if max_context_cells < 1:
+        raise ValueError(f"max_context_cells={max_context_cells}: draw at least one context cell")
+    hidden = max(0, prompt_len - max_context_cells)  # context cells left out of the drawing
+    titles = {
+        "before": f"before verify: {rows['before']['cached']} cached",
+        "verified": f"after the verify forward: {rows['verified']['cached']} cached",
+        "cropped": f"after the crop: {rows['cropped']['cached']} cached",
+    }
+    width = 2.6 + 0.42 * (min(prompt_len, max_context_cells) + gamma + 2 + (hidden > 0))
+    fig, ax = plt.subplots(figsize=(max(7.0, width), 3.2))
+    for r, (moment, row) in enumerate(rows.items()):
+        y = 2 - r
+        ax.text(-0.3, y + 0.4, titles[moment], ha="right", va="center", fontsize=9)
+        x = 0.0
+        if hidden:
+            ax.text(x + 0.5, y + 0.4, f"…{hidden}", ha="center", va="center", fontsize=8)
+            x += 1
+        for i, kind in enumerate(row["cells"]):
+            if kind == "context" and i < hidden:
+                continue
+            cached = i < row["cached"]
+            rect = Rectangle((x + 0.05, y + 0.05), 0.9, 0.7, facecolor=KV_COLORS[kind], edgecolor="#333",
+                             linestyle="-" if cached else "--", hatch="xx" if kind == "rejected" else None,
+                             gid=f"{moment}:{kind}:{'cached' if cached else 'not cached'}")
+            ax.add_patch(rect)
+            x += 1
+        if moment == "cropped":
+            removed = gamma - n_accepted
+            note = f"{removed} rejected position{'s' * (removed != 1)} removed" if removed else "nothing to remove"
+            ax.text(x + 0.2, y + 0.4, note, ha="left", va="center", fontsize=8, style="italic")
+    labels = [("context", "context"), ("pending", "draft, not judged"), ("accepted", "accepted draft"),
+              ("rejected", "rejected draft"), ("corrected" if n_accepted < gamma else "bonus",
+                                               "correction" if n_accepted < gamma else "bonus token")]
+    handles = [Rectangle((0, 0), 1, 1, facecolor=KV_COLORS[k], edgecolor="#333", hatch="xx" if k == "rejected" else None)
+               for k, _ in labels]
+    handles.append(Rectangle((0, 0), 1, 1, facecolor="white", edgecolor="#333", linestyle="--"))
+    ax.legend(handles, [t for _, t in labels] + ["dashed: not in the cache"], loc="upper center",
+              bbox_to_anchor=(0.5, -0.02), ncol=3, fontsize=8, frameon=False)
+    ax.set_xlim(-0.2, (hidden > 0) + min(prompt_len, max_context_cells) + gamma + 2.5)
+    ax.set_ylim(-0.1, 3)
+    ax.axis("off")
+    ax.set_title(f"The target's KV cache in one round: γ = {gamma}, {n_accepted} accepted", fontsize=10)
+    fig.tight_layout()
+    return fig

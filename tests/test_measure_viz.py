@@ -70,3 +70,35 @@ def test_feature_drafter_diagram():
     fig = draw_feature_drafters()
     titles = [ax.get_title() for ax in fig.axes]
     assert len(titles) == 2 and titles[0].startswith("Medusa") and titles[1].startswith("EAGLE")
+
+
+def test_kv_crop_picture_counts_cells_and_refuses_bad_input():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pytest
+
+    from specdec_edu.viz import draw_kv_crop, kv_crop_rows
+
+    rows = kv_crop_rows(prompt_len=10, gamma=4, n_accepted=1)
+    assert [rows[m]["cached"] for m in ("before", "verified", "cropped")] == [9, 14, 11]
+    assert rows["verified"]["cells"][10:] == ["accepted", "rejected", "rejected", "rejected", "corrected"]
+    assert rows["cropped"]["cells"][10:] == ["accepted", "corrected"]
+    assert kv_crop_rows(3, 2, 2)["cropped"]["cells"][-1] == "bonus"
+
+    fig = draw_kv_crop(10, 4, 1, max_context_cells=4)
+    gids = [p.get_gid() for p in fig.axes[0].patches]
+    count = lambda prefix: sum(g.startswith(prefix) for g in gids)
+    assert count("before:pending") == 4 and count("before:context:not cached") == 1
+    assert count("verified:accepted:cached") == 1 and count("verified:rejected:cached") == 3
+    assert count("verified:corrected:not cached") == 1 and count("cropped:rejected") == 0
+    assert count("cropped:accepted:cached") == 1 and count("cropped:context") == 4  # 6 context cells hidden
+    plt.close(fig)
+
+    for bad, message in [((5, 4, 5), "n_accepted=5"), ((5, 0, 0), "gamma=0"), ((0, 4, 1), "prompt_len=0"),
+                         ((5, 4, -1), "n_accepted=-1")]:
+        with pytest.raises(ValueError, match=message):
+            draw_kv_crop(*bad)
+    with pytest.raises(TypeError, match="gamma must be an int"):
+        draw_kv_crop(5, 2.0, 1)

@@ -1,0 +1,109 @@
+"""Keep a notebook's prose honest: record the numbers it talks about, check its claims against them.
+
+A notebook's prose says things like "speculation is *slower* here" or "a step takes about 56 ms". Those words
+sit next to an output that a re-run can change. So a code cell records the values the prose leans on::
+
+    record(speedup=0.62, step_ms=56.1)        # invisible: stored in the cell's output, shown nowhere
+
+and the markdown cell that makes the claim carries it as an HTML comment (invisible on GitHub and in Jupyter)::
+
+    Speculation is *slower* here. <!-- check: speedup < 1 -->
+
+``tests/test_notebook_claims.py`` reads every committed notebook, collects the recorded values and evaluates
+every ``check:`` expression against them. If a re-run flips a comparison, the prose is flagged before it lands.
+Expressions are tiny: names, numbers, arithmetic, comparisons (chains allowed), ``and``/``or``/``not``, and the
+functions ``abs``, ``min``, ``max``, ``round``.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import re
+from collections.abc import Mapping
+
+MIME = "application/vnd.specdec-edu.claims+json"
+CHECK = re.compile(r"<!--\s*check:\s*(.+?)\s*-->", re.DOTALL)
+_FUNCTIONS = {"abs": abs, "min": min, "max": max, "round": round}
+_ARITHMETIC = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
+               ast.Div: lambda a, b: a / b}
+_COMPARISONS = {ast.Lt: lambda a, b: a < b, ast.LtE: lambda a, b: a <= b, ast.Gt: lambda a, b: a > b,
+                ast.GtE: lambda a, b: a >= b, ast.Eq: lambda a, b: a == b, ast.NotEq: lambda a, b: a != b}
+
+
+def record(**values: float) -> None:
+    """Store named numbers in this cell's output for the prose checker; nothing is displayed.
+
+    Values must be plain numbers (or bools); tensors and numpy scalars are converted with ``float``.
+    """
+    from IPython.display import display  # imported here: the package works without IPython
+
+    clean = {}
+    for name, value in values.items():
+        number = float(value)
+        if not math.isfinite(number):
+            raise ValueError(f"record({name}=...) got {number}; record only finite numbers")
+        clean[name] = number
+    display({MIME: clean}, raw=True)
+
+
+def recorded_values(notebook: Mapping) -> dict[str, float]:
+    """Every value ``record`` stored in a notebook (a dict loaded from the .ipynb JSON), by name.
+
+    A name recorded twice keeps its last value, as a re-run cell would.
+    """
+    values: dict[str, float] = {}
+    for cell in notebook["cells"]:
+        for output in cell.get("outputs", []):
+            data = output.get("data", {})
+            if MIME in data:
+                values.update(data[MIME])
+    return values
+
+
+def claims(notebook: Mapping) -> list[tuple[int, str]]:
+    """Every ``<!-- check: expr -->`` in a notebook's markdown cells, as (cell index, expression)."""
+    found = []
+    for index, cell in enumerate(notebook["cells"]):
+        if cell["cell_type"] == "markdown":
+            source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+            found += [(index, match.strip()) for match in CHECK.findall(source)]
+    return found
+
+
+def evaluate(expression: str, values: Mapping[str, float]) -> bool:
+    """Evaluate one claim over the recorded values; unknown names and unsupported syntax raise ``ValueError``."""
+    tree = ast.parse(expression, mode="eval")
+    return bool(_eval(tree.body, values, expression))
+
+
+def _eval(node, values, expression):
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+        return node.value
+    if isinstance(node, ast.Name):
+        if node.id not in values:
+            raise ValueError(f"claim {expression!r} uses {node.id!r}, which no cell recorded; known: {sorted(values)}")
+        return values[node.id]
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.Not)):
+        operand = _eval(node.operand, values, expression)
+        return -operand if isinstance(node.op, ast.USub) else not operand
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.Div)):
+        left, right = _eval(node.left, values, expression), _eval(node.right, values, expression)
+        return _ARITHMETIC[type(node.op)](left, right)
+    if isinstance(node, ast.BoolOp):
+        results = [_eval(v, values, expression) for v in node.values]
+        return all(results) if isinstance(node.op, ast.And) else any(results)
+    if isinstance(node, ast.Compare):
+        left = _eval(node.left, values, expression)
+        for op, right_node in zip(node.ops, node.comparators):
+            right = _eval(right_node, values, expression)
+            if type(op) not in _COMPARISONS:
+                raise ValueError(f"claim {expression!r}: unsupported comparison {type(op).__name__}")
+            if not _COMPARISONS[type(op)](left, right):
+                return False
+            left = right
+        return True
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCTIONS and not node.keywords:
+        return _FUNCTIONS[node.func.id](*(_eval(a, values, expression) for a in node.args))
+    raise ValueError(f"claim {expression!r}: unsupported syntax {ast.dump(node)[:60]}")
+

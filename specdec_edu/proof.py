@@ -1,0 +1,147 @@
+"""A χ² harness for verification rules: does one round emit what speculative sampling must emit?
+
+A verification rule has the signature of :func:`specdec_edu.verify.accept_and_resample`::
+
+    rule(p [γ+1, V], q [γ, V], draft_tokens [γ], generator) -> (n_accepted, next_token)
+
+:func:`chi2_check` runs it for ``n`` rounds on fixed toy distributions (by default :data:`TOY_P` and
+:data:`TOY_Q`: γ = 2 drafts over V = 4 tokens): each round the draft tokens are sampled from the rows
+of q, the rule decides, and we record what the round *emits*: the kept drafts plus the token the
+target adds, ``(x_0, …, x_{k−1}, t)``. Speculative sampling must emit that tuple with probability
+
+* ``min(p_0, q_0)(x_0) ··· min(p_{k−1}, q_{k−1})(x_{k−1}) · max(0, p_k − q_k)(t)`` if draft k was
+  rejected (k < γ; each kept draft was proposed *and* accepted, then the correction was drawn), and
+* ``min(p_0, q_0)(x_0) ··· min(p_{γ−1}, q_{γ−1})(x_{γ−1}) · p_γ(t)`` if all γ drafts were kept (t is
+  the bonus token),
+
+which is notebook 05's proof, one term per line (:func:`emitted_distribution`). The harness
+compares the counts with these probabilities in a χ² goodness-of-fit test. An outcome of
+probability 0 (say, a correction the residual excludes) cannot come from the correct rule at all,
+so a single one gives p-value 0.
+
+The defaults are fixed so that a result can be quoted: ``n = 1,000`` rounds, seed 0, level 10⁻³.
+At these settings the real rule passes and every rule in ``specdec_edu.controls.BROKEN_RULES`` fails
+(``tests/test_proof.py``). A correct rule still fails with probability 10⁻³ at another seed: that is
+what the level means.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+__all__ = ["TOY_P", "TOY_Q", "N_ROUNDS", "SEED", "LEVEL", "ChiSquareResult", "emitted_distribution", "chi2_check"]
+
+# Toy rows for γ = 2 drafts over V = 4 tokens. Each draft is accepted with probability
+# Σ min(p_i, q_i) = 0.7, so rounds end by a rejection at draft 0 (30 %), at draft 1 (21 %) or with
+# every draft kept (49 %); the two residuals differ, and the bonus row p_2 differs from p_1, so a
+# rule that confuses any of these rows emits visibly wrong tuples.
+TOY_P = torch.tensor([[0.5, 0.3, 0.1, 0.1],   # p_0: the target at draft 0
+                      [0.1, 0.2, 0.3, 0.4],   # p_1: the target at draft 1
+                      [0.4, 0.4, 0.1, 0.1]],  # p_2: the target at the bonus position
+                     dtype=torch.float64)
+TOY_Q = torch.tensor([[0.2, 0.3, 0.4, 0.1],   # q_0: the draft at draft 0
+                      [0.1, 0.5, 0.1, 0.3]],  # q_1: the draft at draft 1
+                     dtype=torch.float64)
+N_ROUNDS = 1_000  # rounds per check
+SEED = 0
+LEVEL = 1e-3  # a correct rule fails with this probability
+MIN_EXPECTED = 5  # outcomes expected fewer times than this are pooled into one cell (the χ² approximation needs it)
+
+
+@dataclass
+class ChiSquareResult:
+    """The verdict of :func:`chi2_check`. ``passed`` means "consistent with speculative sampling" at ``level``."""
+
+    p_value: float
+    statistic: float
+    df: int
+    n: int
+    impossible: int  # rounds that emitted an outcome of probability 0
+    level: float
+
+    @property
+    def passed(self) -> bool:
+        return self.p_value >= self.level
+
+    def __str__(self) -> str:
+        if self.impossible:
+            return f"FAIL: {self.impossible} of {self.n:,} rounds emitted an outcome the correct rule never emits (p-value 0)"
+        verdict = "PASS" if self.passed else "FAIL"
+        sign = "≥" if self.passed else "<"
+        return (f"{verdict}: χ² = {self.statistic:.1f} (df {self.df}), p-value = {self.p_value:.2e} {sign} {self.level:g}, "
+                f"n = {self.n:,} rounds")
+
+
+def emitted_distribution(p: torch.Tensor, q: torch.Tensor) -> dict[tuple[int, ...], float]:
+    """The exact probability of every tuple one round can emit, ``(kept drafts…, added token)``.
+
+    ``p`` is ``[γ+1, V]`` and ``q`` is ``[γ, V]`` (rows that sum to 1). The formula is written out
+    with ``torch.minimum`` and ``clamp`` on purpose, not with the functions of ``verify.py``: the
+    harness must not share code with the rules it judges. Tuples of probability 0 are left out.
+    """
+    p, q = p.double(), q.double()
+    gamma, vocab = q.shape
+    accepted = torch.minimum(p[:gamma], q)  # P(draft i is x and is kept) = min(p_i(x), q_i(x))
+    corrected = (p[:gamma] - q).clamp(min=0)  # P(draft k is rejected and t is drawn) = max(0, p_k(t) − q_k(t))
+    out: dict[tuple[int, ...], float] = {}
+    prefixes = {(): 1.0}
+    for k in range(gamma + 1):
+        last = corrected[k] if k < gamma else p[gamma]
+        for prefix, mass in prefixes.items():
+            for t in range(vocab):
+                if mass * float(last[t]) > 0:
+                    out[prefix + (t,)] = mass * float(last[t])
+        if k < gamma:
+            prefixes = {prefix + (x,): mass * float(accepted[k, x])
+                        for prefix, mass in prefixes.items() for x in range(vocab) if accepted[k, x] > 0}
+    return out
+
+
+def chi2_check(
+    rule: Callable,
+    p: torch.Tensor = TOY_P,
+    q: torch.Tensor = TOY_Q,
+    n: int = N_ROUNDS,
+    generator: torch.Generator | None = None,
+    level: float = LEVEL,
+) -> ChiSquareResult:
+    """Run ``rule`` for ``n`` rounds on ``p`` ``[γ+1, V]`` and ``q`` ``[γ, V]``; χ²-test what it emits.
+
+    ``generator`` (a CPU ``torch.Generator``) draws the drafts and is passed to the rule; by default a
+    fresh one seeded with :data:`SEED`, so the same rule gives the same p-value every time.
+    """
+    from scipy.stats import chisquare  # imported here: scipy comes with the [notebooks] extra
+
+    if generator is None:
+        generator = torch.Generator().manual_seed(SEED)
+    gamma = q.shape[0]
+    drafts = torch.multinomial(q.float(), n, replacement=True, generator=generator).T  # [n, γ]: row i = round i's drafts
+    emitted = []
+    for tokens in drafts:
+        result = rule(p, q, tokens, generator)
+        if not (isinstance(result, tuple) and len(result) == 2):
+            raise TypeError(f"a rule returns (n_accepted, next_token), got {result!r}")
+        k, t = int(result[0]), int(result[1])
+        if not 0 <= k <= gamma:
+            raise ValueError(f"n_accepted must lie in 0..γ = 0..{gamma}, got {k}")
+        emitted.append(tuple(tokens[:k].tolist()) + (t,))
+
+    exact = emitted_distribution(p, q)
+    counts = Counter(emitted)
+    impossible = sum(c for outcome, c in counts.items() if outcome not in exact)
+    big = [outcome for outcome, prob in exact.items() if prob * n >= MIN_EXPECTED]
+    if impossible:  # one impossible outcome is proof enough; no χ² needed
+        return ChiSquareResult(0.0, float("inf"), len(big), n, impossible, level)
+    observed = [counts[o] for o in big] + [n - sum(counts[o] for o in big)]  # the last cell pools the rare outcomes
+    expected = [exact[o] * n for o in big] + [n - sum(exact[o] * n for o in big)]
+    if expected[-1] < 1e-9:  # nothing pooled: drop the empty "rest" cell
+        observed, expected = observed[:-1], expected[:-1]
+    observed, expected = np.array(observed, float), np.array(expected, float)
+    expected *= observed.sum() / expected.sum()  # chisquare wants equal totals (float rounding aside, they are)
+    test = chisquare(observed, expected)
+    return ChiSquareResult(float(test.pvalue), float(test.statistic), len(observed) - 1, n, impossible, level)

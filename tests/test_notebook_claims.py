@@ -1,0 +1,139 @@
+"""The committed notebooks say nothing their own outputs contradict, and share one shape.
+
+A notebook records the numbers its prose relies on (``specdec_edu.claims.record``) and states each comparison
+as ``<!-- check: expr -->`` in the markdown cell that makes it. Here every claim is evaluated against the values
+stored in the committed outputs. These tests read JSON only (no kernel), so they take well under a second.
+"""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from specdec_edu.claims import MIME, claims, evaluate, recorded_values
+
+NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+
+def load(path):
+    return json.loads(path.read_text())
+
+
+def markdown(nb) -> list[str]:
+    return ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown"]
+
+
+# --- the checker itself can fail -------------------------------------------------------------------------------
+
+def fake_notebook(values: dict, *checks: str) -> dict:
+    """A two-cell notebook: one code cell that recorded ``values``, one markdown cell with ``checks``."""
+    return {"cells": [
+        {"cell_type": "code", "source": [], "outputs": [{"output_type": "display_data", "data": {MIME: values}}]},
+        {"cell_type": "markdown", "source": [" ".join(f"Some prose. <!-- check: {c} -->" for c in checks)]},
+    ]}
+
+
+def test_claims_are_read_and_evaluated():
+    nb = fake_notebook({"speedup": 0.62, "step_ms": 56.1}, "speedup < 1", "50 < step_ms < 60 and speedup > 0.5")
+    values = recorded_values(nb)
+    assert values == {"speedup": 0.62, "step_ms": 56.1}
+    assert [expr for _, expr in claims(nb)] == ["speedup < 1", "50 < step_ms < 60 and speedup > 0.5"]
+    assert all(evaluate(expr, values) for _, expr in claims(nb))
+
+
+def test_a_contradicted_claim_is_caught():
+    """Negative control: prose that says "faster" next to a 0.62× output must fail."""
+    values = recorded_values(fake_notebook({"speedup": 0.62}))
+    assert not evaluate("speedup > 1", values)
+    assert not evaluate("0.7 < speedup < 2", values)  # a chain fails if any link fails
+    assert evaluate("not speedup > 1", values)
+
+
+def test_unknown_names_and_unsafe_syntax_are_errors():
+    with pytest.raises(ValueError, match="which no cell recorded"):
+        evaluate("speedup_typo < 1", {"speedup": 0.62})
+    with pytest.raises(ValueError, match="unsupported"):
+        evaluate("__import__('os').system('true')", {})
+    with pytest.raises(ValueError, match="unsupported"):
+        evaluate("speedup in (1, 2)", {"speedup": 1})
+
+
+def test_record_refuses_non_finite_values():
+    pytest.importorskip("IPython")
+    from specdec_edu.claims import record
+
+    with pytest.raises(ValueError, match="finite"):
+        record(alpha=float("nan"))
+
+
+# --- every committed notebook ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_prose_claims_hold_for_the_committed_outputs(path):
+    nb = load(path)
+    values = recorded_values(nb)
+    found = claims(nb)
+    assert found, f"{path.name} states no checked claim; add <!-- check: ... --> next to its comparisons"
+    wrong = [f"cell {i}: {expr}  (values: { {k: values[k] for k in values if k in expr} })"
+             for i, expr in found if not evaluate(expr, values)]
+    assert not wrong, f"{path.name}: prose contradicted by its own outputs:\n" + "\n".join(wrong)
+    unused = [name for name in values if not any(re.search(rf"\b{name}\b", expr) for _, expr in found)]
+    assert not unused, f"{path.name} records values no claim uses: {unused}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_notebook_has_objectives_summary_and_next(path):
+    cells = markdown(load(path))
+    assert "## Objectives" in cells[0], f"{path.name}: the first cell needs an '## Objectives' list"
+    assert any(c.lstrip().startswith("## What you learned") for c in cells), f"{path.name}: no '## What you learned'"
+    nexts = [m for c in cells for m in re.findall(r"\*\*Next:\*\* \[[^\]]+\]\(([^)]+)\)", c)]
+    assert nexts, f"{path.name}: no '**Next:** [title](link)'"
+    for link in nexts:
+        target = link.split("#")[0]
+        assert target.startswith("http") or (path.parent / target).exists(), f"{path.name}: Next link {link} is broken"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_no_stalled_progress_bars(path):
+    """A committed tqdm widget shows "0%|" on GitHub forever; scripts/execute_notebooks.py removes them."""
+    for i, cell in enumerate(load(path)["cells"]):
+        for output in cell.get("outputs", []):
+            text = json.dumps(output.get("data", {}).get("text/plain", "")) + json.dumps(output.get("text", ""))
+            assert not re.search(r"\b0%\|", text), f"{path.name} cell {i}: a progress bar committed at 0%"
+
+
+def test_execute_script_drops_progress_bars_and_keeps_sliders():
+    """scripts/execute_notebooks.py removes tqdm widgets (and their state) but keeps a real widget (a slider)."""
+    import importlib.util
+
+    import nbformat
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "execute_notebooks.py"
+    spec = importlib.util.spec_from_file_location("execute_notebooks", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    view = module.WIDGET_VIEW
+    bar = nbformat.v4.new_output("display_data", data={view: {"model_id": "bar"}, "text/plain": "χ²:  40%|████  | 2/5"})
+    slider = nbformat.v4.new_output("display_data", data={view: {"model_id": "slider"}, "text/plain": "FloatSlider(value=0.5)"})
+    printed = nbformat.v4.new_output("stream", text="done: 5 runs\n")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(outputs=[bar, slider, printed])])
+    nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {"bar": {}, "slider": {}}}}
+    assert module.drop_progress_bars(nb) == 1
+    assert [o.get("data", {}).get("text/plain", o.get("text")) for o in nb.cells[0].outputs] == \
+        ["FloatSlider(value=0.5)", "done: 5 runs\n"]
+    assert list(nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]) == ["slider"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_checks_do_not_split_paragraphs(path):
+    """A line that *starts* with "<!--" opens an HTML block in CommonMark: it ends the paragraph above it and the
+    rest of its line is shown as raw HTML. A check belongs at the end of the sentence it checks, on that line."""
+    for i, cell in enumerate(load(path)["cells"]):
+        if cell["cell_type"] != "markdown":
+            continue
+        lines = "".join(cell["source"]).split("\n")
+        for j, line in enumerate(lines):
+            if line.lstrip().startswith("<!--") and j > 0 and lines[j - 1].strip():
+                pytest.fail(f"{path.name} cell {i} line {j}: move {line.strip()[:50]!r} to the end of the line above")

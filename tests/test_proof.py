@@ -1,0 +1,69 @@
+"""The χ² harness of notebook 05 (specdec_edu.proof): it passes the real rule and rejects every broken one.
+
+All checks use the harness's stated defaults: toy p, q with γ = 2 over 4 tokens, 1,000 rounds, seed 0,
+level 10⁻³. Seeded, so the p-values are the same on every run.
+"""
+
+import pytest
+import torch
+
+from specdec_edu.controls import BROKEN_RULES
+from specdec_edu.proof import LEVEL, TOY_P, TOY_Q, chi2_check, emitted_distribution
+from specdec_edu.sampling import sample
+from specdec_edu.theory import output_distribution
+from specdec_edu.verify import accept_and_resample, acceptance_probability, residual_distribution
+
+
+def test_emitted_distribution_is_a_distribution_whose_first_token_is_p():
+    exact = emitted_distribution(TOY_P, TOY_Q)
+    assert sum(exact.values()) == pytest.approx(1.0, abs=1e-12)
+    first = torch.zeros(TOY_P.shape[1], dtype=torch.float64)
+    for outcome, prob in exact.items():
+        first[outcome[0]] += prob
+    torch.testing.assert_close(first, output_distribution(TOY_P[0], TOY_Q[0]), rtol=0, atol=1e-12)
+    torch.testing.assert_close(first, TOY_P[0], rtol=0, atol=1e-12)
+    # P(all γ drafts kept) = Π Σ min(p_i, q_i) = 0.7²
+    assert sum(prob for outcome, prob in exact.items() if len(outcome) == 3) == pytest.approx(0.49)
+
+
+def test_the_real_rule_passes():
+    result = chi2_check(accept_and_resample)
+    assert result.passed and result.impossible == 0, str(result)
+    assert result.p_value > LEVEL and result.n == 1_000
+    assert str(result).startswith("PASS")
+
+
+@pytest.mark.parametrize("name", sorted(BROKEN_RULES))
+def test_every_broken_rule_is_rejected(name):
+    result = chi2_check(BROKEN_RULES[name])
+    assert not result.passed and result.p_value < LEVEL, f"{name}: {result}"
+    assert str(result).startswith("FAIL")
+
+
+def accept_without_min(p, q, draft_tokens, generator=None):
+    """Accept with p/q instead of min(1, p/q), and no normalisation of the residual: both harmless
+    (a uniform in [0, 1) is always below a ratio ≥ 1; torch.multinomial normalises its weights)."""
+    for i, x in enumerate(draft_tokens.tolist()):
+        if torch.rand((), generator=generator, dtype=p.dtype) >= p[i, x] / q[i, x]:
+            return i, int(sample((p[i] - q[i]).clamp(min=0), generator))
+    return len(draft_tokens), int(sample(p[len(draft_tokens)], generator))
+
+
+def accept_with_inverted_ratio(p, q, draft_tokens, generator=None):
+    """A plausible slip: min(1, q/p) instead of min(1, p/q)."""
+    for i, x in enumerate(draft_tokens.tolist()):
+        if torch.rand((), generator=generator, dtype=p.dtype) >= acceptance_probability(q[i, x], p[i, x]):
+            return i, int(sample(residual_distribution(p[i], q[i]), generator))
+    return len(draft_tokens), int(sample(p[len(draft_tokens)], generator))
+
+
+def test_a_hand_written_rule_passes_and_a_plausible_slip_fails():
+    assert chi2_check(accept_without_min).passed
+    assert not chi2_check(accept_with_inverted_ratio).passed
+
+
+def test_the_harness_refuses_what_is_not_a_rule():
+    with pytest.raises(TypeError, match="n_accepted, next_token"):
+        chi2_check(lambda p, q, d, g: NotImplemented, n=5)
+    with pytest.raises(ValueError, match="0..γ"):
+        chi2_check(lambda p, q, d, g: (3, 0), n=5)
