@@ -23,9 +23,11 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the package, from a checkout
+from specdec_edu.notebook_tags import skipped as skipped_tags  # noqa: E402  (one list of skipped tags, shared with CI)
+
 ROOT = Path(__file__).resolve().parent.parent
-SKIP_TAGS = {"colab", "gpu", "hub"}
-PROGRESS = re.compile(r"^\s*[^|]*\d+%\|")  # tqdm's text: "desc:  40%|████      | 2/5 [..]"
+PROGRESS = re.compile(r"^\s*[^|]*(\d+%\||\d+it \[)")  # tqdm's text: "desc:  40%|████  | 2/5 [..]", no total: "desc: 0it [..]"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 
@@ -60,7 +62,7 @@ def execute(path: Path, timeout: int) -> None:
     nb = nbformat.read(path, as_version=4)
     skipped = {}
     for i, cell in enumerate(nb.cells):  # skip tagged cells: keep their source, run nothing
-        if cell.cell_type == "code" and SKIP_TAGS & set(cell.metadata.get("tags", [])):
+        if cell.cell_type == "code" and skipped_tags(cell.metadata.get("tags", [])):
             skipped[i] = cell.source
             cell.source = ""
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}},

@@ -61,9 +61,10 @@ def held_out_prompts() -> list[str]:
 
 
 def evaluate(target, tokenizer, kinds: list[str], *, gammas=(2, 3, 4), max_new_tokens: int = 64, repeats: int = 1,
-             n_prompts: int = 6, seed: int = 0) -> dict:
+             n_prompts: int = 6, seed: int = 0, sampled: bool = True, weights=None) -> dict:
     """Greedy, held-out prompts: α per draft position, τ, tokens/s vs target-only (interleaved, medians), c,
-    and identity with the target's own output; then one sampled run (T = 0.7) per drafter against target-only."""
+    and identity with the target's own output; then (``sampled``) one sampled run (T = 0.7) per drafter against
+    target-only. ``weights``: the directory holding ``eagle/`` and ``medusa/`` (default: ``assets/``)."""
     import statistics
 
     from specdec_edu import GenerationStats, chat_prompt, expected_speedup, load_drafter
@@ -72,7 +73,8 @@ def evaluate(target, tokenizer, kinds: list[str], *, gammas=(2, 3, 4), max_new_t
 
     prompts = [chat_prompt(tokenizer, p) for p in held_out_prompts()[:n_prompts]]
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    drafters = {kind: load_drafter(kind, target) for kind in kinds}
+    drafters = {kind: load_drafter(kind, target, path=None if weights is None else Path(weights) / kind.split("+")[-1])
+                for kind in kinds}
 
     def run_all(make):
         return lambda: [make(ids) for ids in prompts]
@@ -99,14 +101,15 @@ def evaluate(target, tokenizer, kinds: list[str], *, gammas=(2, 3, 4), max_new_t
         c = pooled.draft_seconds_per_token / t_target
         verify_cost = forward_seconds(target, g + 1) / forward_seconds(target, 1)
         report["drafters"].setdefault(kind, {})[g] = {
-            "alpha": pooled.alpha, "alpha_per_position": pooled.alpha_per_position(g), "tau": pooled.tau, "c": c,
+            "alpha": pooled.alpha, "alpha_per_position": pooled.alpha_per_position(g),
+            "judged_per_position": pooled.judged_per_position(g), "tau": pooled.tau, "c": c,
             "verify_cost": verify_cost, "tok_s": tok_s[name], "speedup": tok_s[name] / tok_s["target_only"],
             "predicted": expected_speedup(min(pooled.alpha, 0.999), g, c),
             "predicted_with_verify_cost": expected_speedup(min(pooled.alpha, 0.999), g, c, verify_cost),
             "identical": [r.row(0).tolist() for r in reps[-1]] == reference,
         }
     # Sampling at T = 0.7 with the best γ of each drafter: faster than target-only? (exactness: tests/)
-    for kind, drafter in drafters.items():
+    for kind, drafter in drafters.items() if sampled else ():
         best = max(report["drafters"][kind], key=lambda g: report["drafters"][kind][g]["speedup"])
         sampled = {}
         runners = {
@@ -171,6 +174,14 @@ def make_loss(drafter, args, generator):
     return lambda corpus: lambda idx: medusa_loss(drafter, corpus, idx)
 
 
+def validation_loss(drafter):
+    """``corpus -> (idx -> (loss, agreement))`` for validation: no noise, and EAGLE fed its own features for three
+    passes whatever it was trained with (agreement at pass j ≈ draft position j: how much it drifts)."""
+    if drafter.kind == "eagle":
+        return lambda corpus: lambda idx: eagle_loss(drafter, corpus, idx, unroll=3)
+    return lambda corpus: lambda idx: medusa_loss(drafter, corpus, idx)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--smoke", action="store_true", help="run the pipeline on a tiny random model (seconds)")
@@ -180,6 +191,8 @@ def main(argv=None) -> None:
     ap.add_argument("--workdir", default="/tmp/featwork", help="cached features (not in the repository)")
     ap.add_argument("--drafters", default="eagle,medusa")
     ap.add_argument("--minutes", type=float, default=12.0, help="training time per drafter")
+    ap.add_argument("--max-steps", type=int, default=None, help="stop after this many steps (a busy CPU cannot shrink it)")
+    ap.add_argument("--resume", action="store_true", help="start from the drafter already in --out (then train more)")
     ap.add_argument("--draft-vocab-size", type=int, default=16384)
     ap.add_argument("--heads", type=int, default=4, help="Medusa heads")
     ap.add_argument("--noise", type=float, default=0.0, help="EAGLE: uniform noise on input features")
@@ -190,6 +203,8 @@ def main(argv=None) -> None:
     ap.add_argument("--out", default=str(REPO / "assets"))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--eval", action="store_true", help="measure the trained drafters in --out on held-out prompts")
+    ap.add_argument("--gammas", default="2,3,4", help="--eval: draft lengths")
+    ap.add_argument("--no-sampled", action="store_true", help="--eval: skip the sampled (T = 0.7) run")
     ap.add_argument("--eval-json", default=str(REPO / "assets" / "results" / "feature_drafters_cpu.json"))
     args = ap.parse_args(argv)
     if args.smoke:
@@ -204,7 +219,8 @@ def main(argv=None) -> None:
     if args.eval:
         from specdec_edu.embedded import load_embedded_tokenizer
 
-        report = evaluate(target, load_embedded_tokenizer(), args.drafters.split(","), seed=args.seed)
+        report = evaluate(target, load_embedded_tokenizer(), args.drafters.split(","), seed=args.seed, weights=args.out,
+                          gammas=[int(g) for g in args.gammas.split(",")], sampled=not args.no_sampled)
         Path(args.eval_json).write_text(json.dumps(report, indent=1) + "\n")
         print(json.dumps(report, indent=1))
         return
@@ -223,23 +239,29 @@ def main(argv=None) -> None:
     answer_tokens = int(sum((trainset.lengths - trainset.prompt_lengths).tolist()))
     print(f"corpus: {len(trainset)} training sequences ({answer_tokens} answer tokens), {len(val)} validation sequences")
     for kind in args.drafters.split(","):
-        if kind == "eagle":
-            drafter = EagleDrafter(target, draft_vocab_size=args.draft_vocab_size, seed=args.seed)
-            hyper = {"noise": args.noise, "unroll": args.unroll}
+        out = Path(args.out) / kind
+        cls = EagleDrafter if kind == "eagle" else MedusaDrafter
+        if args.resume:
+            drafter = cls.load(out, target)
+            before = json.loads((out / "training.json").read_text()) if (out / "training.json").exists() else {}
+        elif kind == "eagle":
+            drafter, before = EagleDrafter(target, draft_vocab_size=args.draft_vocab_size, seed=args.seed), {}
         else:
-            drafter = MedusaDrafter(target, n_heads=args.heads, draft_vocab_size=args.draft_vocab_size)
-            hyper = {"heads": args.heads}
+            drafter, before = MedusaDrafter(target, n_heads=args.heads, draft_vocab_size=args.draft_vocab_size), {}
+        hyper = {"noise": args.noise, "unroll": args.unroll} if kind == "eagle" else {"heads": drafter.n_heads}
         loss_on = make_loss(drafter, args, generator)  # loss_on(corpus)(idx) -> (loss, top-1 agreement per head/pass)
         start = time.time()
         losses = train(drafter, loss_on(trainset), trainset, minutes=args.minutes, lr=args.lr,
-                       batch_size=args.batch_size, generator=generator, desc=kind)
-        agreement = evaluate_teacher_forced(drafter, loss_on(val), val)
-        out = Path(args.out) / kind
+                       batch_size=args.batch_size, generator=generator, desc=kind, max_steps=args.max_steps)
+        agreement = evaluate_teacher_forced(drafter, validation_loss(drafter)(val), val)
         drafter.save(out)
         info = {"kind": kind, "steps": len(losses), "minutes": (time.time() - start) / 60, "first_loss": losses[0],
                 "last_loss": losses[-1], "validation_top1": agreement, "train_sequences": len(trainset),
                 "train_answer_tokens": answer_tokens, "draft_vocab_size": args.draft_vocab_size, "lr": args.lr,
                 "batch_size": args.batch_size, "seed": args.seed, **hyper}
+        if before:  # a resumed run: keep what came before
+            info["resumed_from"] = {k: before[k] for k in ("steps", "minutes", "lr", "validation_top1", "noise", "unroll",
+                                                           "resumed_from") if k in before}
         (out / "training.json").write_text(json.dumps(info, indent=1) + "\n")
         print(json.dumps(info))
 

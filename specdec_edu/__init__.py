@@ -4,13 +4,14 @@ Notation everywhere: p = target distribution, q = draft distribution, α = accep
 rate, γ = draft length, c = draft/target cost ratio.
 """
 
-from .drafters import Drafter, ModelDrafter, PromptLookupDrafter
+from .drafters import Drafter, LookupThenDrafter, ModelDrafter, PromptLookupDrafter
 from .embedded import chat_prompt, default_pair, load_embedded_pair, load_pair
 from .feature_drafters import EagleDrafter, MedusaDrafter, load_drafter
 from .generate import autoregressive_generate, speculative_generate
 from .result import GenerationResult, GenerationStats
 from .sampling import logits_to_probs, sample
 from .theory import (
+    alpha_for_speedup,
     alpha_from_tau,
     expected_speedup,
     expected_tokens_per_round,
@@ -26,6 +27,7 @@ __all__ = [
     "Drafter",
     "ModelDrafter",
     "PromptLookupDrafter",
+    "LookupThenDrafter",
     "EagleDrafter",
     "MedusaDrafter",
     "load_drafter",
@@ -35,6 +37,7 @@ __all__ = [
     "speculative_generate",
     "logits_to_probs",
     "sample",
+    "alpha_for_speedup",
     "alpha_from_tau",
     "expected_speedup",
     "expected_tokens_per_round",

@@ -67,7 +67,7 @@ def configure_hf_assistant(draft, gamma: int | None):
         cfg.num_assistant_tokens, cfg.num_assistant_tokens_schedule, cfg.assistant_confidence_threshold = gamma, "constant", 0.0
 
 
-DRAFTERS = ("model", "prompt-lookup", "eagle", "medusa")
+DRAFTERS = ("model", "prompt-lookup", "eagle", "medusa", "prompt-lookup+eagle")
 
 
 def bench_drafter(kind: str, target, draft):
@@ -313,7 +313,8 @@ def save_json(result: dict, path: str) -> None:
 def add_arguments(parser) -> None:
     parser.add_argument("--pair", default="embedded", help="'embedded' (default, offline) or a hub pair: smollm2, qwen2.5")
     parser.add_argument("--drafter", choices=DRAFTERS, default="model",
-                        help="model: the pair's draft model; eagle / medusa: trained feature drafters (assets/)")
+                        help="model: the pair's draft model; eagle / medusa: trained feature drafters (assets/); "
+                        "prompt-lookup+eagle: lookup where the context repeats itself, EAGLE elsewhere")
     parser.add_argument("--gamma", type=int, default=4, help="draft tokens per round (default 4)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats; medians are reported")

@@ -226,3 +226,38 @@ class PromptLookupDrafter:
         tokens = self.lookup(context, gamma)
         width = int(tokens.max()) + 1 if len(tokens) else 1  # speculative_generate pads q to the full vocabulary
         return tokens, F.one_hot(tokens, width).float()
+
+
+class LookupThenDrafter:
+    """Prompt lookup where the context repeats itself, another drafter everywhere else.
+
+    Each round first tries n-gram lookup (by default only matches of 3+ tokens: a single
+    repeated word is a poor reason to copy). If it finds nothing, ``fallback`` drafts.
+    Either way q is what the tokens were drawn from, so the output stays exact.
+
+    A feature drafter (``fallback.observe``) must see every position the target keeps,
+    also in rounds that lookup drafted, or its cache falls out of step: ``observe`` and
+    ``reset`` are passed through to it. ``rounds`` counts who drafted: ``{"lookup": n,
+    "fallback": m}`` for the last generation.
+    """
+
+    def __init__(self, fallback, lookup: PromptLookupDrafter | None = None):
+        self.fallback = fallback
+        self.lookup = lookup if lookup is not None else PromptLookupDrafter(max_ngram=4, min_ngram=3)
+        if hasattr(fallback, "observe"):  # the loop shows features only to drafters that have .observe
+            self.observe = fallback.observe
+        self.rounds = {"lookup": 0, "fallback": 0}
+
+    def reset(self) -> None:
+        self.rounds = {"lookup": 0, "fallback": 0}
+        if hasattr(self.fallback, "reset"):
+            self.fallback.reset()
+
+    def propose(self, context, gamma, to_probs, generator=None):
+        """Tokens ``[γ']`` and q ``[γ', V']`` from lookup if the context's suffix occurred before, else from ``fallback``."""
+        tokens, q = self.lookup.propose(context, gamma)
+        if len(tokens):
+            self.rounds["lookup"] += 1
+            return tokens, q
+        self.rounds["fallback"] += 1
+        return self.fallback.propose(context, gamma, to_probs, generator)

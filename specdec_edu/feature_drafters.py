@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import kv
-from .drafters import ModelDrafter, PromptLookupDrafter, to_device
+from .drafters import LookupThenDrafter, ModelDrafter, PromptLookupDrafter, to_device
 from .sampling import sample
 
 __all__ = ["MedusaDrafter", "EagleDrafter", "load_drafter", "DRAFTER_NAMES", "TRAIN_COMMAND"]
@@ -374,7 +374,11 @@ def load_drafter(name: str, target: nn.Module, path=None):
     ``"draft"``: the embedded draft model (``assets/draft/``); ``"prompt-lookup"``: n-gram
     lookup, no weights; ``"medusa"`` / ``"eagle"``: trained feature drafters from ``path``
     (default ``assets/medusa/``, ``assets/eagle/``; written by ``scripts/train_feature_drafters.py``).
+    ``"prompt-lookup+eagle"`` (or ``+medusa``, ``+draft``): lookup where the context repeats itself,
+    the named drafter elsewhere (:class:`~specdec_edu.drafters.LookupThenDrafter`).
     """
+    if name.startswith("prompt-lookup+"):
+        return LookupThenDrafter(load_drafter(name.removeprefix("prompt-lookup+"), target, path))
     if name == "prompt-lookup":
         return PromptLookupDrafter()
     if name == "draft":
@@ -384,4 +388,5 @@ def load_drafter(name: str, target: nn.Module, path=None):
     if name in ("medusa", "eagle"):
         cls = MedusaDrafter if name == "medusa" else EagleDrafter
         return cls.load(asset_dir(name) if path is None else path, target)
-    raise ValueError(f"unknown drafter {name!r}: choose one of {', '.join(repr(n) for n in DRAFTER_NAMES)}.")
+    raise ValueError(f"unknown drafter {name!r}: choose one of {', '.join(repr(n) for n in DRAFTER_NAMES)}, "
+                     "or 'prompt-lookup+NAME' for lookup with NAME as the fallback (e.g. 'prompt-lookup+eagle').")

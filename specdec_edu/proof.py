@@ -34,7 +34,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-__all__ = ["TOY_P", "TOY_Q", "N_ROUNDS", "SEED", "LEVEL", "ChiSquareResult", "emitted_distribution", "chi2_check"]
+__all__ = ["TOY_P", "TOY_Q", "N_ROUNDS", "SEED", "LEVEL", "ChiSquareResult", "emitted_distribution", "chi2_check",
+           "token_chi2", "token_chi2_power"]
 
 # Toy rows for γ = 2 drafts over V = 4 tokens. Each draft is accepted with probability
 # Σ min(p_i, q_i) = 0.7, so rounds end by a rejection at draft 0 (30 %), at draft 1 (21 %) or with
@@ -145,3 +146,51 @@ def chi2_check(
     expected *= observed.sum() / expected.sum()  # chisquare wants equal totals (float rounding aside, they are)
     test = chisquare(observed, expected)
     return ChiSquareResult(float(test.pvalue), float(test.statistic), len(observed) - 1, n, impossible, level)
+
+
+# ---- one position of a real model: sampled tokens against the target's exact p ------------------------------
+
+
+def _cells(x: torch.Tensor, p: torch.Tensor, n: int) -> torch.Tensor:
+    """Probabilities or counts ``[V]`` → the test's cells: one per token with n·p ≥ MIN_EXPECTED, then the
+    other tokens of p's support pooled into one (tokens outside the support are not cells: they are impossible)."""
+    support = p > 0
+    big = support & (n * p >= MIN_EXPECTED)
+    rest = x[support & ~big].sum(0, keepdim=True)
+    return torch.cat([x[big], rest]) if (support & ~big).any() else x[big]
+
+
+def token_chi2(tokens, p: torch.Tensor, level: float = LEVEL) -> ChiSquareResult:
+    """χ²-test sampled token ids (a list or ``[n]``) against an exact next-token distribution ``p`` ``[V]``.
+
+    For a real model: ``p`` is the target's warped distribution at one position, ``tokens`` what a decoder
+    emitted there in n independent runs. A token with p = 0 cannot come from p: p-value 0 at once.
+    """
+    from scipy.stats import chisquare
+
+    p = p.double()
+    counts = torch.bincount(torch.as_tensor(tokens).flatten(), minlength=len(p)).double()
+    n = int(counts.sum())
+    impossible = int(counts[p == 0].sum())
+    observed, expected = _cells(counts, p, n).numpy(), (n * _cells(p, p, n)).numpy()
+    if impossible:
+        return ChiSquareResult(0.0, float("inf"), len(observed) - 1, n, impossible, level)
+    test = chisquare(observed, expected * observed.sum() / expected.sum())
+    return ChiSquareResult(float(test.pvalue), float(test.statistic), len(observed) - 1, n, 0, level)
+
+
+def token_chi2_power(dist: torch.Tensor, p: torch.Tensor, n: int, level: float = LEVEL) -> float:
+    """P(:func:`token_chi2` rejects at ``level``) when the n tokens really come from ``dist`` ``[V]``.
+
+    Either one of them falls outside p's support (probability 1 − (1 − mass outside)^n), or the χ²
+    statistic exceeds its critical value: approximately a noncentral χ² with λ = n Σ (dist − p)² / p over
+    the cells. Compute it *before* sampling: a test with little power proves nothing when it passes.
+    """
+    from scipy.stats import chi2, ncx2
+
+    p, dist = p.double(), dist.double()
+    outside = float(dist[p == 0].sum())
+    cp, cd = _cells(p, p, n), _cells(dist, p, n)
+    df = len(cp) - 1
+    lam = n * float(((cd - cp) ** 2 / cp).sum())
+    return 1 - (1 - outside) ** n * (1 - float(ncx2.sf(chi2.ppf(1 - level, df), df, lam)))

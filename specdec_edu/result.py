@@ -94,12 +94,21 @@ class GenerationStats:
     def alpha_per_position(self, gamma: int) -> list[float]:
         """α at draft positions 1..γ: accepted / judged at each position (draft i is judged only when
         drafts 1..i−1 were all accepted). A drafter that drifts shows it here: α falls with the position."""
+        judged, accepted = self._judged_and_accepted(gamma)
+        return [a / j if j else float("nan") for a, j in zip(accepted, judged)]
+
+    def _judged_and_accepted(self, gamma: int) -> tuple[list[int], list[int]]:
         judged, accepted = [0] * gamma, [0] * gamma
         for drafted, n in zip(self.drafted_per_round, self.accepted_per_round):
             for i in range(min(drafted, n + 1, gamma)):  # positions 1..n were accepted, n+1 rejected (if drafted)
                 judged[i] += 1
                 accepted[i] += i < n
-        return [a / j if j else float("nan") for a, j in zip(accepted, judged)]
+        return judged, accepted
+
+    def judged_per_position(self, gamma: int) -> list[int]:
+        """How many drafts were judged at positions 1..γ: the denominators of :meth:`alpha_per_position`.
+        A rate judged a handful of times is noise (its standard error is about sqrt(α(1 − α)/judged))."""
+        return self._judged_and_accepted(gamma)[0]
 
     @property
     def acceptance_rate(self) -> float:

@@ -80,6 +80,22 @@ def alpha_from_tau(tau: float, gamma: int, tol: float = 1e-10) -> float:
     return (lo + hi) / 2
 
 
+def alpha_for_speedup(speedup: float, gamma: int, c: float, verify_cost: float = 1.0) -> float:
+    """The acceptance rate a drafter needs for ``expected_speedup(α, γ, c, verify_cost) == speedup``.
+
+    The speedup is τ / (γc + verify_cost), so the round must yield τ = speedup · (γc + verify_cost)
+    tokens; :func:`alpha_from_tau` inverts τ. Even α = 1 yields at most γ + 1 tokens per round:
+    beyond that no drafter at this γ, c and verify cost can reach ``speedup`` (a clear error says so).
+    """
+    _check(0.5, gamma, c)
+    tau = speedup * (gamma * c + verify_cost)
+    if tau > gamma + 1:
+        raise ValueError(f"a {speedup}x speedup is out of reach at gamma={gamma}, c={c:.3g}, verify cost "
+                         f"{verify_cost:.3g}: even alpha = 1 gives {(gamma + 1) / (gamma * c + verify_cost):.2f}x. "
+                         "Lower c or the verify cost, or raise gamma.")
+    return alpha_from_tau(max(tau, 1.0), gamma)
+
+
 # ---- what one verification step emits ---------------------------------------------------------
 def as_distribution(weights) -> torch.Tensor:
     """Non-negative weights ``[..., V]`` (a list, array or tensor) normalised over the last axis, in float64."""

@@ -12,6 +12,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from specdec_edu.notebook_tags import skipped as skipped_tags
+
 torch.set_num_threads(int(os.environ.get("SPECDEC_TEST_THREADS", "1")))
 
 
@@ -89,8 +91,8 @@ def _skip_slow(items):
 
 # ---- notebooks (nbval) ---------------------------------------------------------------------------
 # Cells tagged "gpu" (need CUDA), "hub" (download from the Hugging Face hub) or "colab" (install
-# cells that only run on Colab) are skipped when nbval executes the notebooks in CI.
-NOTEBOOK_SKIP_TAGS = {"gpu", "hub", "colab"}
+# cells that only run on Colab) are skipped when nbval executes the notebooks in CI, exactly as
+# scripts/execute_notebooks.py skips them for the committed outputs (one list: specdec_edu.notebook_tags).
 
 
 def pytest_collection_modifyitems(config, items):
@@ -98,8 +100,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         cell = getattr(item, "cell", None)  # nbval's cell items carry the notebook cell
         tags = set(getattr(cell, "metadata", {}).get("tags", [])) if cell is not None else set()
-        if tags & NOTEBOOK_SKIP_TAGS:
-            item.add_marker(pytest.mark.skip(reason=f"notebook cell tagged {sorted(tags & NOTEBOOK_SKIP_TAGS)}"))
+        if skipped_tags(tags):
+            item.add_marker(pytest.mark.skip(reason=f"notebook cell tagged {sorted(skipped_tags(tags))}"))
 
 
 # A character-level tokenizer with a chat template: the demo and the batch sweep need one, no download.

@@ -10,7 +10,14 @@ from conftest import tiny_llama
 from test_greedy import PROMPTS, reference
 from test_sequence_exactness import PROMPT, SETTINGS, THRESHOLD, exact_distribution, pvalue, sample_many
 
-from specdec_edu import ModelDrafter, PromptLookupDrafter, autoregressive_generate, feature_drafters, speculative_generate
+from specdec_edu import (
+    LookupThenDrafter,
+    ModelDrafter,
+    PromptLookupDrafter,
+    autoregressive_generate,
+    feature_drafters,
+    speculative_generate,
+)
 from specdec_edu.controls import accept_always
 from specdec_edu.feature_drafters import EagleDrafter, MedusaDrafter, load_drafter
 
@@ -63,13 +70,46 @@ def test_sampled_continuations_follow_target(small_vocab_pair, kind):
     assert pvalue(spec, exact_distribution(target, **settings)) > THRESHOLD
 
 
-def test_negative_control_always_accept_is_rejected(small_vocab_pair):
-    """Same test, same drafter, broken rule (keep every draft): must fail."""
+@pytest.mark.parametrize("hybrid", [False, True], ids=["eagle", "lookup-then-eagle"])
+def test_negative_control_always_accept_is_rejected(small_vocab_pair, hybrid):
+    """Same test, same drafter (EAGLE, or lookup then EAGLE as below), broken rule (keep every draft): must fail."""
     target, _ = small_vocab_pair
     drafter, settings = make("eagle", target, seed=3), SETTINGS[0]
+    if hybrid:
+        drafter = LookupThenDrafter(drafter, PromptLookupDrafter(max_ngram=2, min_ngram=1))
     broken = sample_many(lambda g: speculative_generate(target, drafter, PROMPT, max_new_tokens=3, gamma=2, do_sample=True,
                                                         generator=g, accept_fn=accept_always, **settings), seed=0)
     assert pvalue(broken, exact_distribution(target, **settings)) < THRESHOLD
+
+
+# ---- prompt lookup first, a feature drafter elsewhere ---------------------------------------------
+
+
+def test_lookup_then_eagle_greedy_equals_generate(target):
+    """Both halves draft (counted), EAGLE keeps seeing every kept position (else check_context raises), and the
+    output is the target's, token for token, for γ = 1..6; prompts include one that repeats itself."""
+    hybrid = LookupThenDrafter(make("eagle", target, draft_vocab_size=40))
+    assert hybrid.observe == hybrid.fallback.observe  # the loop must show it features
+    prompts = [*PROMPTS[:4], torch.tensor([5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7])]
+    used = {"lookup": 0, "fallback": 0}
+    for prompt in prompts:
+        expected = reference(target, prompt, 20).tolist()
+        for gamma in range(1, 7):
+            out = speculative_generate(target, hybrid, prompt[None], max_new_tokens=20, gamma=gamma)
+            assert out.sequences[0].tolist() == expected, (len(prompt), gamma)
+            for key in used:
+                used[key] += hybrid.rounds[key]
+    assert used["lookup"] > 0 and used["fallback"] > 0, used
+
+
+def test_lookup_then_eagle_sampled_follows_target(small_vocab_pair):
+    """The χ² harness above with lookup on every 1-gram match (so both halves draft often): p > 1e-3."""
+    target, _ = small_vocab_pair
+    hybrid = LookupThenDrafter(make("eagle", target, seed=3), PromptLookupDrafter(max_ngram=2, min_ngram=1))
+    settings = SETTINGS[0]
+    spec = sample_many(lambda g: speculative_generate(target, hybrid, PROMPT, max_new_tokens=3, gamma=2, do_sample=True,
+                                                      generator=g, **settings), seed=0)
+    assert pvalue(spec, exact_distribution(target, **settings)) > THRESHOLD
 
 
 def test_batch_of_two_prompts_is_refused(target):
@@ -254,6 +294,11 @@ def test_load_drafter_errors_and_names(tmp_path, monkeypatch, target):
         with pytest.raises(FileNotFoundError, match="train_feature_drafters"):
             load_drafter(name, target, path=tmp_path / "nowhere")
     assert isinstance(load_drafter("prompt-lookup", target), PromptLookupDrafter)
+    with pytest.raises(ValueError, match=r"unknown drafter 'nope'.*'prompt-lookup\+NAME'"):
+        load_drafter("prompt-lookup+nope", target)
+    make("eagle", target).save(tmp_path / "mine")
+    hybrid = load_drafter("prompt-lookup+eagle", target, path=tmp_path / "mine")
+    assert isinstance(hybrid, LookupThenDrafter) and isinstance(hybrid.fallback, EagleDrafter)
     # "draft": the embedded draft on the target's device (stubbed: no weights read here).
     asked = []
 

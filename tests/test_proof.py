@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specdec_edu.controls import BROKEN_RULES
-from specdec_edu.proof import LEVEL, TOY_P, TOY_Q, chi2_check, emitted_distribution
+from specdec_edu.proof import LEVEL, TOY_P, TOY_Q, chi2_check, emitted_distribution, token_chi2, token_chi2_power
 from specdec_edu.sampling import sample
 from specdec_edu.theory import output_distribution
 from specdec_edu.verify import accept_and_resample, acceptance_probability, residual_distribution
@@ -67,3 +67,31 @@ def test_the_harness_refuses_what_is_not_a_rule():
         chi2_check(lambda p, q, d, g: NotImplemented, n=5)
     with pytest.raises(ValueError, match="0..γ"):
         chi2_check(lambda p, q, d, g: (3, 0), n=5)
+
+
+# ---- token_chi2: sampled tokens of a real model against its exact p ----------------------------------------
+
+P_REAL = torch.tensor([0.0, 0.40, 0.25, 0.15, 0.10, 0.05, 0.03, 0.02, 0.0], dtype=torch.float64)  # two impossible ids
+
+
+def test_token_chi2_passes_samples_from_p_and_rejects_a_shifted_distribution():
+    """n = 600, seed 0, level 1e-3. Negative control: samples from a distribution 0.1 away in total variation."""
+    gen = torch.Generator().manual_seed(0)
+    good = torch.multinomial(P_REAL, 600, replacement=True, generator=gen)
+    result = token_chi2(good, P_REAL)
+    assert result.passed and result.impossible == 0, result
+    assert result.df == 6  # all 7 possible ids are expected ≥ 5 times at n = 600 (0.02 · 600 = 12): 7 cells
+    assert token_chi2(good[:100], P_REAL).df == 5  # at n = 100, ids 6 and 7 (3 and 2 expected) share a cell
+    shifted = P_REAL.clone()
+    shifted[1], shifted[4] = 0.30, 0.20
+    assert token_chi2_power(shifted, P_REAL, 600) > 0.99
+    bad = torch.multinomial(shifted, 600, replacement=True, generator=gen)
+    assert not token_chi2(bad, P_REAL).passed
+
+
+def test_token_chi2_impossible_token_and_power_at_the_null():
+    assert token_chi2([1, 2, 0], P_REAL).p_value == 0.0  # id 0 has p = 0
+    assert token_chi2_power(P_REAL, P_REAL, 600) == pytest.approx(LEVEL, rel=1e-6)  # only false alarms
+    leaky = P_REAL.clone()
+    leaky[1], leaky[8] = 0.39, 0.01  # 1 % of the mass on an impossible id
+    assert token_chi2_power(leaky, P_REAL, 600) > 1 - 0.99 ** 600 - 1e-9

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from specdec_edu import alpha_from_tau, expected_speedup, expected_tokens_per_round, optimal_gamma
+from specdec_edu import alpha_for_speedup, alpha_from_tau, expected_speedup, expected_tokens_per_round, optimal_gamma
 
 
 def test_limits():
@@ -58,3 +58,12 @@ def test_optimal_gamma_and_inverse():
 def test_bad_arguments(args):
     with pytest.raises(ValueError):
         expected_speedup(*args)
+
+
+def test_alpha_for_speedup_inverts_expected_speedup():
+    for alpha, gamma, c, v in [(0.2, 3, 0.1, 1.6), (0.75, 4, 0.11, 1.39), (0.9, 6, 0.05, 1.0)]:
+        s = expected_speedup(alpha, gamma, c, v)
+        assert alpha_for_speedup(s, gamma, c, v) == pytest.approx(alpha, abs=1e-8)
+    assert alpha_for_speedup(0.5, 3, 0.1, 1.3) == pytest.approx(0.0, abs=1e-8)  # any drafter is that fast
+    with pytest.raises(ValueError, match="out of reach.*even alpha = 1 gives 2.00x"):
+        alpha_for_speedup(2.5, 3, 0.0, 2.0)  # 4 tokens per round at best, for a round costing 2 steps
