@@ -23,10 +23,10 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the package, from a checkout
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the package, from a checkout
 from specdec_edu.notebook_tags import skipped as skipped_tags  # noqa: E402  (one list of skipped tags, shared with CI)
 
-ROOT = Path(__file__).resolve().parent.parent
 PROGRESS = re.compile(r"^\s*[^|]*(\d+%\||\d+it \[)")  # tqdm's text: "desc:  40%|████  | 2/5 [..]", no total: "desc: 0it [..]"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 

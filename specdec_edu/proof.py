@@ -116,8 +116,6 @@ def chi2_check(
     ``generator`` (a CPU ``torch.Generator``) draws the drafts and is passed to the rule; by default a
     fresh one seeded with :data:`SEED`, so the same rule gives the same p-value every time.
     """
-    from scipy.stats import chisquare  # imported here: scipy comes with the [notebooks] extra
-
     if generator is None:
         generator = torch.Generator().manual_seed(SEED)
     gamma = q.shape[0]
@@ -142,10 +140,17 @@ def chi2_check(
     expected = [exact[o] * n for o in big] + [n - sum(exact[o] * n for o in big)]
     if expected[-1] < 1e-9:  # nothing pooled: drop the empty "rest" cell
         observed, expected = observed[:-1], expected[:-1]
-    observed, expected = np.array(observed, float), np.array(expected, float)
-    expected *= observed.sum() / expected.sum()  # chisquare wants equal totals (float rounding aside, they are)
+    return _goodness_of_fit(observed, expected, n, level)
+
+
+def _goodness_of_fit(observed, expected, n: int, level: float) -> ChiSquareResult:
+    """χ² of the counts ``observed`` against ``expected``, cell by cell (no impossible outcome among them)."""
+    from scipy.stats import chisquare  # imported here: scipy comes with the [notebooks] extra
+
+    observed, expected = np.asarray(observed, float), np.asarray(expected, float)
+    expected = expected * (observed.sum() / expected.sum())  # chisquare wants equal totals (float rounding aside, they are)
     test = chisquare(observed, expected)
-    return ChiSquareResult(float(test.pvalue), float(test.statistic), len(observed) - 1, n, impossible, level)
+    return ChiSquareResult(float(test.pvalue), float(test.statistic), len(observed) - 1, n, 0, level)
 
 
 # ---- one position of a real model: sampled tokens against the target's exact p ------------------------------
@@ -166,8 +171,6 @@ def token_chi2(tokens, p: torch.Tensor, level: float = LEVEL) -> ChiSquareResult
     For a real model: ``p`` is the target's warped distribution at one position, ``tokens`` what a decoder
     emitted there in n independent runs. A token with p = 0 cannot come from p: p-value 0 at once.
     """
-    from scipy.stats import chisquare
-
     p = p.double()
     counts = torch.bincount(torch.as_tensor(tokens).flatten(), minlength=len(p)).double()
     n = int(counts.sum())
@@ -175,8 +178,7 @@ def token_chi2(tokens, p: torch.Tensor, level: float = LEVEL) -> ChiSquareResult
     observed, expected = _cells(counts, p, n).numpy(), (n * _cells(p, p, n)).numpy()
     if impossible:
         return ChiSquareResult(0.0, float("inf"), len(observed) - 1, n, impossible, level)
-    test = chisquare(observed, expected * observed.sum() / expected.sum())
-    return ChiSquareResult(float(test.pvalue), float(test.statistic), len(observed) - 1, n, 0, level)
+    return _goodness_of_fit(observed, expected, n, level)
 
 
 def token_chi2_power(dist: torch.Tensor, p: torch.Tensor, n: int, level: float = LEVEL) -> float:
