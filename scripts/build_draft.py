@@ -2,7 +2,7 @@
 """Build the embedded draft model in ``assets/draft/`` by distilling the embedded target.
 
 Target: SmolLM2-135M-Instruct, Q4_1 GGUF dequantized to float32 (the package's embedded
-target, cached as a plain Hugging Face directory by ``specdec_edu.weights``).
+target, cached as a plain Hugging Face directory by ``specdec_edu.models.weights``).
 Draft: a tiny ``LlamaForCausalLM`` (default: width 256, 2 layers, GQA 4/2 heads, tied
 embeddings initialised from a PCA of the target's embeddings) with the target's tokenizer
 and its full 49,152-token vocabulary, but a **reduced head**: only the first K token ids
@@ -67,7 +67,7 @@ from draft_build.card import write_card
 from draft_build.data import stage_data
 from draft_build.evaluate import stage_eval
 from draft_build.train import set_k, stage_save, stage_train
-from specdec_edu.weights import embedded_target_dir
+from specdec_edu.models.weights import embedded_target_dir
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_TARGET = embedded_target_dir()  # where the package caches the converted target ($SPECDEC_EDU_CACHE)

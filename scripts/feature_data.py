@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/draft_build
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the package, from a checkout
 
 from draft_build.prompts import build_prompts  # noqa: E402
-from specdec_edu.embedded import load_embedded_target, load_embedded_tokenizer  # noqa: E402
+from specdec_edu.models.embedded import load_embedded_target, load_embedded_tokenizer  # noqa: E402
 
 
 def chat_ids(tokenizer, text: str) -> list[int]:

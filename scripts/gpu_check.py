@@ -1,40 +1,46 @@
-"""Speculative decoding on a GPU, measured, with no network: one script, a few minutes.
+"""Speculative decoding on a GPU, measured against the memory floor, with no network: one script, a few minutes.
 
-    python scripts/gpu_check.py --json gpu_check.json      # SmolLM2-1.7B / -135M shapes, bf16, CUDA
-    python scripts/gpu_check.py --size 1b --json gpu.json  # ~1.1B target, ~100M draft (TinyLlama-like)
-    python scripts/gpu_check.py --size tiny --device cpu   # the same steps at toy size (what CI runs)
+    python scripts/gpu_check.py --compile --json gpu_check.json   # SmolLM2-1.7B / -135M shapes, eager and compiled
+    python scripts/gpu_check.py --size 7b --compile --json 7b.json # Llama-2-7B-shaped target, two drafts
+    python scripts/gpu_check.py --quick ...                        # one γ, one α, fewer tokens and repeats
+    python scripts/gpu_check.py --size tiny --device cpu --compile --compile-backend aot_eager  # what CI runs
 
-Random-weight models need no download, and a decode step costs the same whatever the
-weights are: time depends on shapes, not values. The default size has the course's GPU
-pair's shapes (SmolLM2-1.7B target, 24 layers × 2048; SmolLM2-135M draft, 30 layers × 576),
-so c is the real pair's c: a deep, narrow draft (30 layers of small kernels) can cost more
-per step than its 13× fewer parameters suggest. What random weights cannot give is a
-meaningful acceptance rate (a random draft agrees with a random target ~1/V of the time),
-so α comes from a dial: ``ReplayDrafter(cost_model=draft)`` runs the real draft's
-forwards (so c is measured, not assumed) but proposes the target's own greedy tokens,
-each replaced by a uniformly random one with probability ``noise`` (α = 1 − noise + noise/V).
-The accept/resample rule keeps the output exactly the target's whatever the drafter does;
-in bf16 the verify forward (γ + 1 tokens) rounds differently from a 1-token step, which can
-flip a near-tied argmax. So each output is checked against the target-only one token for
-token, and where they differ ``first_divergence`` reports the first position and the
-target's top-2 logit margin there: a margin of a bf16 rounding step is numerics, a large
-one is a bug.
+Random-weight models need no download, and a decode step costs the same whatever the weights are:
+time depends on shapes, not values. The default size has the course's GPU pair's shapes (SmolLM2-1.7B
+target, 24 layers × 2048; SmolLM2-135M draft, 30 layers × 576), so c is the real pair's c: a deep,
+narrow draft (30 layers of small kernels) can cost more per step than its 13× fewer parameters suggest.
+What random weights cannot give is a meaningful acceptance rate, so α comes from a dial:
+``ReplayDrafter(cost_model=draft)`` runs the real draft's forwards (so c is measured, not assumed) but
+proposes the target's own greedy tokens, each replaced by a uniformly random one with probability
+``noise`` (α = 1 − noise + noise/V). The accept/resample rule keeps the output exactly the target's
+whatever the drafter does; in bf16 a (γ+1)-token verify forward rounds differently from a 1-token step
+and can flip a near-tied argmax, so the target is sharpened (``--head-scale``, see ``sharpen``) and
+every output is still checked against the target-only one, token for token (``first_divergence``).
 
-Steps, all printed and saved to ``--json``:
-  1. the memory-bound curve: target forward latency vs tokens per forward (1 … 256);
-  2. c = draft step / target step, and the verify cost t(γ+1)/t(1);
-  3. dial-α sweep: speculative vs target-only tokens/s (interleaved, medians) against
-     Leviathan's (1 − α^(γ+1)) / ((1 − α)(γc + 1)) and the same with the measured verify cost;
-  4. HF ``generate(assistant_model=draft)`` vs ours with the same random draft at the same γ
-     (α ≈ 0 for both: this compares the loops' overhead, not the draft's quality);
-  5. where one round's time goes: ``speculative_generate(..., profile=True)`` (device synced at
-     every phase boundary, so it is slower than the timed runs above, which sync once per round).
+Sections, each timed, all printed and saved to ``--json``:
+  1. the device's read bandwidth: a large read-only reduction (``torch.sum``);
+  2. the target's latency vs tokens per forward (1 … 256), and its memory floor;
+  3. c and the verify cost t(γ+1)/t(1) from eager forwards, per draft;
+  4–6. decoding, eager / compiled draft / compiled draft + target (the last two with ``--compile``):
+     target-only (tokens/s, step, effective bandwidth as a fraction of section 1's) and speculative
+     decoding at dial α for each draft, interleaved, medians; each speculative row with the run's own
+     α, c and verify cost (from a ``profile=True`` run), Leviathan's prediction with them, and the
+     fraction of the prediction reached;
+  5–7. HF ``generate(assistant_model=draft)`` vs ours with the same random draft (α ≈ 0: the loops' overhead).
+
+Budget: the default size with ``--compile`` is sized for < 4 minutes on an H100/H200, compiling included. From the
+H200's eager step times (target 16 ms, draft 20 ms), the eager rows take ≈ 1 min and the compiled-draft rows ≈ 45 s.
+HF's assisted generation takes ≈ 30 s. The compiled target's compile time has not been measured yet.
+The printed section times show where the time went. ``--size 7b`` runs two drafts, so use ``--quick`` there.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import inspect
 import json
+import math
 import platform
 import statistics
 import sys
@@ -48,21 +54,29 @@ from transformers import LlamaConfig, LlamaForCausalLM
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
 from specdec_edu import autoregressive_generate, expected_speedup, speculative_generate  # noqa: E402
-from specdec_edu.bench import configure_hf_assistant  # noqa: E402
-from specdec_edu.diagnostics import first_divergence  # noqa: E402
-from specdec_edu.experiments import ReplayDrafter, interleaved_benchmark  # noqa: E402
-from specdec_edu.measure import forward_seconds, latency_curve, parameter_bytes  # noqa: E402
-from specdec_edu.result import sync  # noqa: E402
+from specdec_edu.commands.bench import configure_hf_assistant  # noqa: E402
+from specdec_edu.course.diagnostics import first_divergence  # noqa: E402
+from specdec_edu.course.experiments import ReplayDrafter, interleaved_benchmark, timed  # noqa: E402
+from specdec_edu.course.measure import forward_seconds, latency_curve, parameter_bytes  # noqa: E402
+from specdec_edu.drafters import ModelDrafter  # noqa: E402
 
 # name: (hidden, layers, intermediate, heads, kv heads). Vocabulary (and whether the LM head is the
-# embedding matrix, "tied") shared by target and draft.
+# embedding matrix, "tied") shared by target and drafts; "draft" is the main draft, "extra_drafts" more.
 SIZES = {
     # HuggingFaceTB/SmolLM2-1.7B and SmolLM2-135M (config.json): 1,711,376,384 and 134,515,008 parameters
     "smollm2": {"target": (2048, 24, 8192, 32, 32), "draft": (576, 30, 1536, 9, 3), "vocab": 49152, "tied": True},
     "1b": {"target": (2048, 22, 5632, 32, 4), "draft": (768, 8, 2048, 12, 4), "vocab": 32000, "tied": False},  # ~1.1B / ~100M
-    "tiny": {"target": (64, 2, 128, 4, 2), "draft": (32, 1, 64, 2, 1), "vocab": 256, "tied": False},
+    # meta-llama/Llama-2-7b-hf (6,738,415,616 parameters) with the 1b size's 8-layer draft and a 30 × 576 one:
+    # the target is memory-bound even compiled; the deep draft shows that c follows depth, not parameters.
+    "7b": {"target": (4096, 32, 11008, 32, 32), "draft": (768, 8, 2048, 12, 4),
+           "extra_drafts": {"30x576": (576, 30, 1536, 9, 3)}, "vocab": 32000, "tied": False},
+    "tiny": {"target": (64, 2, 128, 4, 2), "draft": (32, 1, 64, 2, 1), "extra_drafts": {"3x32": (32, 3, 64, 2, 1)},
+             "vocab": 256, "tied": False},
 }
-NOISES = (0.0, 0.2, 0.4, 0.6)  # α ≈ 1.0, 0.8, 0.6, 0.4
+MODES = ("eager", "compiled draft", "compiled draft + target")
+READ_CONVENTION = ("read bandwidth = bytes of a buffer / median seconds of torch.sum over it (each byte read once; "
+                   "GB = 1e9 bytes); effective bandwidth of a target-only row = weight bytes (every parameter once, "
+                   "as gpt-fast counts) × decode steps per second (prefill excluded)")
 
 
 def make_model(shape, vocab: int, device, dtype, seed: int, tied: bool = False) -> LlamaForCausalLM:
@@ -78,9 +92,27 @@ def make_model(shape, vocab: int, device, dtype, seed: int, tied: bool = False) 
     return model.to(dtype).eval().requires_grad_(False)
 
 
-def generated(result) -> torch.Tensor:
-    """``[n]`` the new tokens of a one-prompt ``GenerationResult``."""
-    return result.row(0)
+def draft_shapes(spec: dict) -> dict[str, tuple]:
+    """``{label: shape}`` of a size's drafts, the main one first; a label is "layers x hidden"."""
+    main = spec["draft"]
+    return {f"{main[1]}x{main[0]}": main, **spec.get("extra_drafts", {})}
+
+
+@torch.no_grad()
+def sharpen(model, scale: float) -> None:
+    """Multiply the token embedding and the LM head by ``scale`` (one tensor when tied): a confident random model.
+
+    The scaled embedding dominates the residual stream, so the last hidden state, and with it the argmax,
+    hardly depends on how the layers' bf16 sums were rounded; the (γ+1)-token verify forward then picks the
+    same tokens as the 1-token step. Scaling the head alone does not do it for an untied model (every logit
+    and its rounding error grow alike): on the CPU in bf16 (256 × 4 layers, untied, 4 prompts × 60 tokens)
+    3/4 outputs diverged unscaled, 4/4 with the head ×20, 0/4 with embedding and head ×20. Run 3 of the H200
+    runs scaled the tied SmolLM2 head, i.e. both. Timing is unchanged: it depends on shapes, not values.
+    """
+    embedding, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    embedding.mul_(scale)
+    if head.data_ptr() != embedding.data_ptr():
+        head.mul_(scale)
 
 
 def describe(divergence: dict | None) -> str:
@@ -91,140 +123,272 @@ def describe(divergence: dict | None) -> str:
             f"{divergence['candidate_token']}; target's top-2 margin {divergence['top2_margin']:.3g})")
 
 
-def median_seconds(fns: dict, repeats: int, device: torch.device) -> dict[str, float]:
-    """Median seconds per method: A B C … in turn, one warm-up then ``repeats`` rounds, device synced around each call."""
-    def timed(fn):
-        sync(device)
-        start = time.perf_counter()
-        fn()
-        sync(device)
-        return time.perf_counter() - start
+def read_bandwidth(device: torch.device, n_bytes: int, dtype: torch.dtype, sums: int = 10, repeats: int = 5) -> float:
+    """Bytes per second that ``torch.sum`` reads from an ``n_bytes`` buffer: the device's read bandwidth.
 
-    seconds = interleaved_benchmark({name: (lambda fn=fn: timed(fn)) for name, fn in fns.items()},
-                                    repeats=repeats, warmup=1, progress=False)
-    return {name: statistics.median(times) for name, times in seconds.items()}
+    ``sums`` reductions run between two syncs, so launch and sync overheads are spread over them;
+    the median of ``repeats`` such timings (after one warm-up) is taken.
+    """
+    x = torch.ones(n_bytes // dtype.itemsize, dtype=dtype, device=device)
+    seconds = interleaved_benchmark({"sum": lambda: timed(lambda: [x.sum() for _ in range(sums)], device)[1]},
+                                    repeats=repeats, warmup=1, progress=False)["sum"]
+    return x.numel() * x.element_size() * sums / statistics.median(seconds)
 
 
-def main(argv=None) -> dict:
+def compiled_target_available() -> bool:
+    """Do ``speculative_generate`` and ``autoregressive_generate`` take ``compile=`` (a compiled target)?"""
+    return all("compile" in inspect.signature(f).parameters for f in (speculative_generate, autoregressive_generate))
+
+
+def maybe(x: float) -> float | None:
+    """``x``, or None where it is not a finite number (JSON has no NaN)."""
+    return x if x is not None and math.isfinite(x) else None
+
+
+@contextlib.contextmanager
+def section(title: str, seconds: dict):
+    """Print ``title``, run the block, print and record how long it took."""
+    print(f"\n{title}", flush=True)
+    start = time.perf_counter()
+    yield
+    seconds[title] = time.perf_counter() - start
+    print(f"   ({seconds[title]:.1f} s)", flush=True)
+
+
+class Check:
+    """What every measurement shares: the target, its prompt and greedy reference, and the run's settings."""
+
+    def __init__(self, args, target, device):
+        self.args, self.target, self.device = args, target, device
+        self.vocab = target.config.vocab_size
+        gen = torch.Generator().manual_seed(0)
+        self.prompt = torch.randint(0, self.vocab, (1, args.prompt_length), generator=gen).to(device)
+        self.n_new = args.max_new_tokens
+        self.reference_new = autoregressive_generate(target, self.prompt, max_new_tokens=self.n_new).row(0)
+        self.reference = torch.cat([self.prompt[0], self.reference_new])  # on the device: the dial builds q there
+
+    def target_kwargs(self, mode: str) -> dict:
+        """The generate functions' extra arguments in ``mode``: a compiled target only in the last mode."""
+        if mode != "compiled draft + target":
+            return {}
+        return {"compile": True, "compile_options": self.args.compile_options}
+
+    def speculative(self, dial, gamma: int, mode: str, max_new_tokens: int | None = None, profile: bool = False):
+        """``speculative_generate`` with ``dial`` in ``mode``; the dial's draws from a fresh generator seeded 0."""
+        return speculative_generate(self.target, dial, self.prompt, max_new_tokens=max_new_tokens or self.n_new, gamma=gamma,
+                                    generator=torch.Generator(self.device).manual_seed(0), profile=profile,
+                                    **self.target_kwargs(mode))
+
+    def benchmark(self, fns: dict) -> dict:
+        """``{name: [(result, seconds)]}``: the functions interleaved, one warm-up, ``repeats`` timed rounds."""
+        return interleaved_benchmark({name: (lambda fn=fn: timed(fn, self.device)) for name, fn in fns.items()},
+                                     repeats=self.args.repeats, warmup=1, progress=False)
+
+
+def dial_points(gamma: int, quick: bool) -> list[tuple[float, int]]:
+    """(noise, γ) of the speculative rows: α ≈ 0.8 at γ first (the goals' point), then α ≈ 1, then γ ∓ 2."""
+    if quick:
+        return [(0.2, gamma)]
+    return [(0.2, gamma), (0.0, gamma)] + [(0.2, g) for g in (gamma - 2, gamma + 2) if g >= 1]
+
+
+def target_only_row(check: Check, mode: str, runs: list, read_bytes_per_s: float) -> dict:
+    """Tokens/s, decode step and effective bandwidth of the target-only runs (``runs``: [(result, seconds)])."""
+    step = statistics.median(r.stats.verify_seconds / r.stats.rounds for r, _ in runs)  # prefill excluded
+    weight_bytes = parameter_bytes(check.target)
+    effective = weight_bytes / step
+    return {"mode": mode, "target": "compiled" if check.target_kwargs(mode) else "eager",
+            "tok_s": check.n_new / statistics.median(s for _, s in runs), "step_ms": 1e3 * step,
+            "weight_bytes": weight_bytes, "effective_GB_s": effective / 1e9,
+            "fraction_of_read_bandwidth": effective / read_bytes_per_s}
+
+
+def speculative_row(check: Check, mode: str, label: str, point, dial, runs: list, target_runs: list, step: float) -> dict:
+    """One dial-α row: measured speedup against the run's own α, c, verify cost and Leviathan's prediction."""
+    noise, gamma = point
+    result = runs[-1][0]
+    new = result.row(0)
+    speedup = statistics.median(s for _, s in target_runs) / statistics.median(s for _, s in runs) * len(new) / check.n_new
+    profiled = check.speculative(dial, gamma, mode, profile=True).stats
+    phases = {phase: statistics.median(times) for phase, times in profiled.phase_seconds.items()}
+    alpha, c, verify_cost = result.stats.alpha, profiled.draft_seconds_per_token / step, phases["verify_forward"] / step
+    known = None not in (maybe(alpha), maybe(c))  # NaN when nothing was judged or drafted (the dial left the reference)
+    predicted = expected_speedup(min(alpha, 0.999999), gamma, c, verify_cost) if known else None
+    divergence = first_divergence(check.target, check.prompt, check.reference_new, new)
+    return {"mode": mode, "draft": label, "noise": noise, "gamma": gamma, "alpha_dial": dial.alpha, "alpha": maybe(alpha),
+            "tau": maybe(result.stats.tau), "speedup": speedup, "c": maybe(c), "verify_cost": verify_cost,
+            "predicted_speedup": maybe(predicted), "fraction_of_prediction": maybe(speedup / predicted) if predicted else None,
+            "round_ms": {phase: 1e3 * t for phase, t in phases.items()},
+            "identical_to_target": divergence is None, "divergence": divergence}
+
+
+def compile_every_width(check: Check, mode: str, drafter, max_gamma: int) -> None:
+    """Before the timed runs: one round at α = 1 for each γ' ≤ ``max_gamma``, so that every verify width γ' + 1
+    (which the last round of a run, cut short by max_new_tokens, may use) is compiled outside the timings."""
+    for gamma in range(1, max_gamma + 1):
+        check.speculative(ReplayDrafter(check.reference, 0.0, check.vocab, cost_model=drafter), gamma, mode,
+                          max_new_tokens=gamma + 1)
+
+
+def decoding_rows(check: Check, mode: str, drafters: dict, points: list, read_bytes_per_s: float) -> tuple[dict, list]:
+    """Target-only and speculative decoding in ``mode``, interleaved: the target-only row and one row per (draft, point)."""
+    kw, target, prompt, n_new = check.target_kwargs(mode), check.target, check.prompt, check.n_new
+    fns, dials = {"target": lambda: autoregressive_generate(target, prompt, max_new_tokens=n_new, **kw)}, {}
+    for label, drafter in drafters.items():
+        for point in points:
+            dial = dials[label, point] = ReplayDrafter(check.reference, point[0], check.vocab, cost_model=drafter)
+            fns[label, point] = lambda dial=dial, g=point[1]: check.speculative(dial, g, mode)
+        if mode != "eager":
+            compile_every_width(check, mode, drafter, max(g for _, g in points))
+    runs = check.benchmark(fns)
+    base = target_only_row(check, mode, runs["target"], read_bytes_per_s)
+    rows = [speculative_row(check, mode, label, point, dial, runs[label, point], runs["target"], base["step_ms"] / 1e3)
+            for (label, point), dial in dials.items()]
+    return base, rows
+
+
+def print_decoding(base: dict, rows: list) -> None:
+    print(f"   target-only ({base['target']} target): {base['tok_s']:.1f} tok/s, step {base['step_ms']:.2f} ms → weights read at "
+          f"{base['effective_GB_s']:.0f} GB/s = {100 * base['fraction_of_read_bandwidth']:.0f} % of the read bandwidth "
+          "(weight bytes × decode steps/s ÷ section 1's torch.sum bytes/s)")
+    print("   draft   noise  γ  α(dial) α(run)  speedup    c     verify  predicted  reached  same as target")
+    fmt = lambda x, spec: "n/a" if x is None else format(x, spec)  # noqa: E731
+    for r in rows:
+        print(f"   {r['draft']:7s} {r['noise']:4.2f} {r['gamma']:2d}  {r['alpha_dial']:6.3f}  {fmt(r['alpha'], '6.3f')}  "
+              f"{r['speedup']:6.2f}×  {fmt(r['c'], '6.3f')}  {r['verify_cost']:6.2f}  {fmt(r['predicted_speedup'], '8.2f')}×  "
+              f"{fmt(r['fraction_of_prediction'], '6.0%')}  {describe(r['divergence'])}")
+
+
+def hf_comparison(check: Check, draft, gamma: int, n_new: int) -> dict:
+    """The same random draft through HF's assisted generation and through ours (eager, greedy)."""
+    target, prompt, mask = check.target, check.prompt, torch.ones_like(check.prompt)
+    configure_hf_assistant(draft, gamma)
+    fns = {
+        "target": lambda: autoregressive_generate(target, prompt, max_new_tokens=n_new).row(0),
+        "ours": lambda: speculative_generate(target, draft, prompt, max_new_tokens=n_new, gamma=gamma),
+        "hf": lambda: target.generate(prompt, attention_mask=mask, assistant_model=draft, max_new_tokens=n_new,
+                                      do_sample=False, pad_token_id=0)[0, prompt.shape[1]:],
+    }
+    runs = check.benchmark(fns)
+    tok_s = {name: n_new / statistics.median(s for _, s in r) for name, r in runs.items()}
+    ours, hf_tokens = runs["ours"][-1][0], runs["hf"][-1][0]
+    assert len(hf_tokens) == n_new, "HF stopped early: random models must have no EOS"
+    reference = runs["target"][-1][0]
+    return {"gamma": gamma, "max_new_tokens": n_new, "alpha": maybe(ours.stats.alpha), "target_only_tok_s": tok_s["target"],
+            "speculative_tok_s": tok_s["ours"], "hf_assisted_tok_s": tok_s["hf"], "ours_over_hf": tok_s["ours"] / tok_s["hf"],
+            "identical_to_hf": ours.row(0).tolist() == hf_tokens.tolist(),
+            "divergence": first_divergence(target, prompt, reference, ours.row(0)),
+            "hf_divergence": first_divergence(target, prompt, reference, hf_tokens)}
+
+
+def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--size", choices=list(SIZES), default="smollm2")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default=None,
                         help="default: bfloat16 on CUDA, float32 elsewhere")
-    parser.add_argument("--gamma", type=int, default=4)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--gamma", type=int, default=4, help="γ of the main rows (the default run adds γ ∓ 2 at α ≈ 0.8)")
+    parser.add_argument("--quick", action="store_true", help="one γ and one α, fewer tokens and repeats")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="default 96 (48 with --quick)")
     parser.add_argument("--prompt-length", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=None, help="timed rounds after one warm-up; default 3 (1 with --quick)")
+    parser.add_argument("--head-scale", type=float, default=20.0,
+                        help="sharpen the random target (embedding and head × this) so that bf16 cannot flip its argmax; 1: off")
+    parser.add_argument("--bandwidth-mib", type=int, default=None,
+                        help="buffer of the read-bandwidth sum (default 1024; 64 on CPU)")
+    parser.add_argument("--compile", action="store_true", help="add the compiled rows (draft, then draft + target)")
+    parser.add_argument("--compile-backend", default="inductor", help="torch.compile backend (aot_eager: the CPU test)")
+    parser.add_argument("--compile-mode", default=None,
+                        help="torch.compile mode (default: reduce-overhead, i.e. CUDA graphs, with inductor on CUDA)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
-    transformers.utils.logging.set_verbosity_error()
-
+    args.max_new_tokens = args.max_new_tokens or (48 if args.quick else 96)
+    args.repeats = args.repeats or (1 if args.quick else 3)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda but torch sees no GPU; use --device cpu (with --size tiny)")
+    if args.compile_mode is None and args.compile_backend == "inductor" and device.type == "cuda":
+        args.compile_mode = "reduce-overhead"
+    args.compile_options = {"backend": args.compile_backend, **({"mode": args.compile_mode} if args.compile_mode else {})}
+    args.bandwidth_mib = args.bandwidth_mib or (1024 if device.type == "cuda" else 64)
+    return args
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    transformers.utils.logging.set_verbosity_error()
+    device = torch.device(args.device)
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
-    spec = SIZES[args.size]
+    spec, seconds, notes = SIZES[args.size], {}, []
     target = make_model(spec["target"], spec["vocab"], device, dtype, seed=0, tied=spec["tied"])
-    draft = make_model(spec["draft"], spec["vocab"], device, dtype, seed=1, tied=spec["tied"])
-    n_t = sum(p.numel() for p in target.parameters())
-    n_d = sum(p.numel() for p in draft.parameters())
+    if args.head_scale != 1:
+        sharpen(target, args.head_scale)
+    drafts = {label: make_model(shape, spec["vocab"], device, dtype, seed=1 + i, tied=spec["tied"])
+              for i, (label, shape) in enumerate(draft_shapes(spec).items())}
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
-    print(f"device {name} · {dtype} · target {n_t / 1e6:.0f}M params ({parameter_bytes(target) / 2**30:.2f} GiB) · "
-          f"draft {n_d / 1e6:.0f}M · torch {torch.__version__} · transformers {transformers.__version__}")
-    gen = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, spec["vocab"], (1, args.prompt_length), generator=gen).to(device)
-    g = args.gamma
+    params = {label: sum(p.numel() for p in m.parameters()) for label, m in {"target": target, **drafts}.items()}
+    print(f"device {name} · {dtype} · target {params['target'] / 1e6:.0f}M params ({parameter_bytes(target) / 2**30:.2f} GiB) · "
+          f"drafts {', '.join(f'{k} {v / 1e6:.0f}M' for k, v in params.items() if k != 'target')} · "
+          f"torch {torch.__version__} · transformers {transformers.__version__}")
+    check, g = Check(args, target, device), args.gamma
+    out = {"device": str(device), "device_name": name, "dtype": str(dtype).replace("torch.", ""), "size": args.size,
+           "quick": args.quick, "target_params": params.pop("target"), "draft_params": params, "gamma": g,
+           "max_new_tokens": check.n_new, "prompt_length": args.prompt_length, "repeats": args.repeats,
+           "head_scale": args.head_scale, "notes": notes}
 
-    # 1–2. The memory-bound curve, c and the verify cost.
-    ns = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-    curve = latency_curve(target, ns=ns, context_length=args.prompt_length, repeats=5, progress=False)
-    t1 = curve[1]
-    t_draft = forward_seconds(draft, 1, args.prompt_length, repeats=7)
-    c = t_draft / t1
-    verify_cost = forward_seconds(target, g + 1, args.prompt_length, repeats=7) / t1
-    print("\n1. target forward latency vs tokens per forward (memory-bound: flat, then linear)")
-    for n, t in curve.items():
-        print(f"   {n:4d} tokens: {1e3 * t:8.2f} ms   ({t / t1:5.2f}× one token, {n * t1 / t:6.1f}× tokens/s)")
-    print(f"2. c = {c:.3f} (draft step {1e3 * t_draft:.2f} ms / target step {1e3 * t1:.2f} ms); "
-          f"verify cost t({g + 1})/t(1) = {verify_cost:.2f}")
+    with section(f"1. read bandwidth: torch.sum over {args.bandwidth_mib} MiB", seconds):
+        read = read_bandwidth(device, args.bandwidth_mib * 2**20, dtype)
+        print(f"   {read / 1e9:.0f} GB/s  ({READ_CONVENTION})")
+    out["read_bandwidth"] = {"bytes_per_s": read, "buffer_bytes": args.bandwidth_mib * 2**20, "convention": READ_CONVENTION}
 
-    # 3. Dial-α sweep against the formula.
-    n_new = args.max_new_tokens
-    reference_new = generated(autoregressive_generate(target, prompt, max_new_tokens=n_new))
-    reference = torch.cat([prompt[0], reference_new]).cpu()  # the drafter reads it on the host, as the loop's context is
-    target_only = lambda: autoregressive_generate(target, prompt, max_new_tokens=n_new)
-    rows = []
-    print(f"\n3. dial-α drafter (γ = {g}, {n_new} new tokens, medians of {args.repeats}, interleaved)")
-    print("   noise   α(dial)  α(run)   tok/s spec  tok/s target  speedup  Leviathan  w/ verify cost  same as target")
-    for noise in NOISES:
-        drafter = ReplayDrafter(reference, noise, spec["vocab"], cost_model=draft)
-        run = lambda drafter=drafter: speculative_generate(target, drafter, prompt, max_new_tokens=n_new, gamma=g,
-                                                           generator=torch.Generator(device=device).manual_seed(0))
-        med = median_seconds({"target": target_only, "spec": run}, args.repeats, device)
-        result = run()
-        new = generated(result)
-        alpha = result.stats.alpha
-        divergence = first_divergence(target, prompt, reference_new, new)
-        row = {
-            "noise": noise, "alpha_dial": drafter.alpha, "alpha": alpha, "tau": result.stats.tau,
-            "target_only_tok_s": n_new / med["target"], "speculative_tok_s": len(new) / med["spec"],
-            "identical_to_target": divergence is None, "divergence": divergence,
-        }
-        row["speedup"] = row["speculative_tok_s"] / row["target_only_tok_s"]
-        row["predicted_speedup"] = float(expected_speedup(min(alpha, 0.999999), g, c))
-        row["predicted_speedup_verify_cost"] = float(expected_speedup(min(alpha, 0.999999), g, c, verify_cost))
-        rows.append(row)
-        print(f"   {noise:5.2f}   {row['alpha_dial']:6.3f}  {alpha:6.3f}   {row['speculative_tok_s']:10.1f}  "
-              f"{row['target_only_tok_s']:12.1f}  {row['speedup']:6.2f}×  {row['predicted_speedup']:8.2f}×  "
-              f"{row['predicted_speedup_verify_cost']:13.2f}×  {describe(divergence)}")
+    ns = (1, 4, 16, 64) if args.quick else (1, 2, 4, 8, 16, 32, 64, 128, 256)
+    with section("2. target forward latency vs tokens per forward, against the memory floor", seconds):
+        curve = latency_curve(target, ns=ns, context_length=args.prompt_length, repeats=5, progress=False)
+        t1, floor = curve[1], parameter_bytes(target) / read
+        for n, t in curve.items():
+            print(f"   {n:4d} tokens: {1e3 * t:8.2f} ms   ({t / t1:5.2f}× one token, {n * t1 / t:6.1f}× tokens/s)")
+        print(f"   memory floor (weight bytes / read bandwidth): {1e3 * floor:.3f} ms; "
+              f"one eager step is {t1 / floor:.1f}× above it")
+    out.update(latency_ms={str(n): 1e3 * t for n, t in curve.items()}, memory_floor_ms=1e3 * floor)
 
-    # 4. The same random draft through HF's assisted generation and through ours.
-    mask = torch.ones_like(prompt)
-    configure_hf_assistant(draft, g)
+    with section(f"3. eager c = draft step / target step, and verify cost t({g + 1})/t(1)", seconds):
+        out["c_eager"] = {label: forward_seconds(m, 1, args.prompt_length, repeats=7) / t1 for label, m in drafts.items()}
+        out["verify_cost_eager"] = forward_seconds(target, g + 1, args.prompt_length, repeats=7) / t1
+        print("   " + " · ".join(f"c({label}) = {c:.3f}" for label, c in out["c_eager"].items())
+              + f" · verify cost {out['verify_cost_eager']:.2f}")
 
-    def hf():
-        return target.generate(prompt, attention_mask=mask, assistant_model=draft, max_new_tokens=n_new,
-                               do_sample=False, pad_token_id=0)
+    modes = list(MODES if args.compile else MODES[:1])
+    if args.compile and not compiled_target_available():
+        modes.remove("compiled draft + target")
+        notes.append("skipped 'compiled draft + target': speculative_generate / autoregressive_generate take no compile= here")
+        print(f"\nnote: {notes[-1]}")
+    compiled = {label: ModelDrafter(m, static_cache=True, max_cache_len=args.prompt_length + check.n_new + g + 16,
+                                    compile=True, compile_options=args.compile_options)
+                for label, m in drafts.items()} if args.compile else {}
+    out["compile"] = {"options": args.compile_options if args.compile else None, "modes": modes}
+    out["target_only"], out["speculative"] = [], []
+    for i, mode in enumerate(modes, start=4):
+        with section(f"{i}. decoding, {mode} (α from the dial; {check.n_new} new tokens, medians of {args.repeats})",
+                     seconds):
+            base, rows = decoding_rows(check, mode, drafts if mode == "eager" else compiled, dial_points(g, args.quick), read)
+            print_decoding(base, rows)
+        out["target_only"].append(base)
+        out["speculative"].extend(rows)
 
-    hf_tokens = hf()[0, prompt.shape[1]:]
-    assert len(hf_tokens) == n_new, "HF stopped early: random models must have no EOS"
+    main_draft = next(iter(drafts.values()))
+    with section(f"{4 + len(modes)}. same random draft, eager: ours vs HF generate(assistant_model=draft)", seconds):
+        hf = out["same_draft"] = hf_comparison(check, main_draft, g, min(check.n_new, 16 if args.quick else 32))
+        print(f"   α = {hf['alpha']}, γ = {g}: target-only {hf['target_only_tok_s']:.1f} tok/s · ours "
+              f"{hf['speculative_tok_s']:.1f} · HF assisted {hf['hf_assisted_tok_s']:.1f} → ours / HF = "
+              f"{hf['ours_over_hf']:.2f}× (same tokens: {hf['identical_to_hf']})\n   vs target-only: ours "
+              f"{describe(hf['divergence'])} · HF {describe(hf['hf_divergence'])}")
 
-    ours = lambda: speculative_generate(target, draft, prompt, max_new_tokens=n_new, gamma=g)
-    med = median_seconds({"target": target_only, "ours": ours, "hf": hf}, args.repeats, device)
-    hf_vs = {k: n_new / v for k, v in med.items()}
-    ours_result = ours()
-    ours_new, ours_alpha = generated(ours_result), ours_result.stats.alpha
-    same_tokens = ours_new.tolist() == hf_tokens.tolist()
-    ours_divergence = first_divergence(target, prompt, reference_new, ours_new)
-    hf_divergence = first_divergence(target, prompt, reference_new, hf_tokens)
-    print(f"\n4. same random draft (α = {ours_alpha:.3f}), γ = {g}: target-only {hf_vs['target']:.1f} tok/s · "
-          f"ours {hf_vs['ours']:.1f} · HF assisted {hf_vs['hf']:.1f} → ours / HF = {hf_vs['ours'] / hf_vs['hf']:.2f}× "
-          f"(same tokens: {same_tokens})\n   vs target-only: ours {describe(ours_divergence)} · HF {describe(hf_divergence)}")
-
-    # 5. One round's parts, from the loop itself (profile=True syncs the device at each phase boundary).
-    profiled = speculative_generate(target, draft, prompt, max_new_tokens=n_new, gamma=g, profile=True).stats
-    phases_ms = {phase: 1e3 * statistics.median(times) for phase, times in profiled.phase_seconds.items()}
-    draft_ms_per_token = 1e3 * profiled.draft_seconds_per_token
-    print(f"\n5. one round, same draft, profile=True (median ms over {profiled.rounds} rounds): "
-          + " · ".join(f"{phase} {ms:.2f}" for phase, ms in phases_ms.items())
-          + f"; draft {draft_ms_per_token:.2f} ms per drafted token")
-
-    out = {
-        "device": str(device), "device_name": name, "dtype": str(dtype).replace("torch.", ""), "size": args.size,
-        "target_params": n_t, "draft_params": n_d, "gamma": g, "max_new_tokens": n_new,
-        "prompt_length": args.prompt_length, "repeats": args.repeats,
-        "latency_ms": {str(n): 1e3 * t for n, t in curve.items()}, "c": c, "verify_cost": verify_cost,
-        "dial": rows,
-        "same_draft": {"alpha": ours_alpha, "target_only_tok_s": hf_vs["target"], "speculative_tok_s": hf_vs["ours"],
-                       "hf_assisted_tok_s": hf_vs["hf"], "ours_over_hf": hf_vs["ours"] / hf_vs["hf"],
-                       "identical_to_hf": same_tokens, "divergence": ours_divergence, "hf_divergence": hf_divergence},
-        "round_ms": {**phases_ms, "draft_per_token": draft_ms_per_token},
-        "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                     "transformers": transformers.__version__},
-    }
+    out["section_seconds"] = seconds
+    out["versions"] = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__}
+    print(f"\ntotal {sum(seconds.values()):.0f} s in the sections")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
-        print(f"\nwrote {args.json}")
+        print(f"wrote {args.json}")
     return out
 
 

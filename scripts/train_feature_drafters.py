@@ -38,8 +38,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the package, from a checkout
 
 from specdec_edu import autoregressive_generate, speculative_generate  # noqa: E402
-from specdec_edu.feature_drafters import EagleDrafter, MedusaDrafter  # noqa: E402
-from specdec_edu.feature_training import (  # noqa: E402
+from specdec_edu.models.feature_drafters import EagleDrafter, MedusaDrafter  # noqa: E402
+from specdec_edu.models.feature_training import (  # noqa: E402
     Corpus,  # noqa: F401  (here so that feature caches pickled by earlier runs of this script unpickle)
     collect_features,
     eagle_loss,
@@ -68,8 +68,8 @@ def evaluate(target, tokenizer, kinds: list[str], *, gammas=(2, 3, 4), max_new_t
     import statistics
 
     from specdec_edu import GenerationStats, chat_prompt, expected_speedup, load_drafter
-    from specdec_edu.experiments import interleaved_benchmark
-    from specdec_edu.measure import forward_seconds
+    from specdec_edu.course.experiments import interleaved_benchmark
+    from specdec_edu.course.measure import forward_seconds
 
     prompts = [chat_prompt(tokenizer, p) for p in held_out_prompts()[:n_prompts]]
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -212,12 +212,12 @@ def main(argv=None) -> None:
             print(f"{kind:7s} loss {r['first_loss']:.3f} → {r['last_loss']:.3f}   greedy α on a training prompt {r['alpha']:.2f}")
         return
 
-    from specdec_edu.embedded import load_embedded_target
+    from specdec_edu.models.embedded import load_embedded_target
 
     torch.set_num_threads(args.threads)
     target = load_embedded_target(device="cpu")
     if args.eval:
-        from specdec_edu.embedded import load_embedded_tokenizer
+        from specdec_edu.models.embedded import load_embedded_tokenizer
 
         report = evaluate(target, load_embedded_tokenizer(), args.drafters.split(","), seed=args.seed, weights=args.out,
                           gammas=[int(g) for g in args.gammas.split(",")], sampled=not args.no_sampled)

@@ -2,14 +2,21 @@
 
 Notation everywhere: p = target distribution, q = draft distribution, α = acceptance
 rate, γ = draft length, c = draft/target cost ratio.
+
+Layout: this folder is the algorithm (``sampling`` → ``verify`` → ``kv`` → ``drafters`` →
+``generate`` and ``batched`` → ``result``, plus ``theory``). The course's helpers (widgets, plots,
+exercises, χ² harness, measurements) are in ``course/``, model loading (the embedded pair, EAGLE and
+Medusa) in ``models/``, the ``demo`` and ``bench`` commands in ``commands/``.
 """
 
-from .drafters import Drafter, LookupThenDrafter, ModelDrafter, PromptLookupDrafter
-from .embedded import chat_prompt, default_pair, load_embedded_pair, load_pair
-from .feature_drafters import EagleDrafter, MedusaDrafter, load_drafter
+from . import _moved
+from .drafters import Drafter, LookupThenDrafter, ModelDrafter, PromptLookupDrafter, draft_loop
 from .generate import autoregressive_generate, speculative_generate
+from .models.embedded import chat_prompt, default_pair, load_embedded_pair, load_pair
+from .models.feature_drafters import EagleDrafter, MedusaDrafter, load_drafter
 from .result import GenerationResult, GenerationStats
-from .sampling import logits_to_probs, sample
+from .round import speculative_round
+from .sampling import GenerationConfig, logits_to_probs, sample
 from .theory import (
     alpha_for_speedup,
     alpha_from_tau,
@@ -23,6 +30,8 @@ from .verify import accept_and_resample, acceptance_probability, residual_distri
 
 __version__ = "0.1.0"
 
+_moved.install()  # the pre-split names (specdec_edu.widgets, specdec_edu.embedded, …) still import
+
 __all__ = [
     "Drafter",
     "ModelDrafter",
@@ -31,6 +40,9 @@ __all__ = [
     "EagleDrafter",
     "MedusaDrafter",
     "load_drafter",
+    "draft_loop",
+    "speculative_round",
+    "GenerationConfig",
     "GenerationResult",
     "GenerationStats",
     "autoregressive_generate",

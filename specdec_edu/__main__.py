@@ -16,8 +16,8 @@ import sys
 
 #: command name -> (module inside specdec_edu, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("demo", "speculative vs target-only decoding on the embedded pair, with marked output"),
-    "bench": ("bench", "side-by-side benchmark: target-only, ours, HF assisted generation, prompt lookup"),
+    "demo": ("commands.demo", "speculative vs target-only decoding on the embedded pair, with marked output"),
+    "bench": ("commands.bench", "side-by-side benchmark: target-only, ours, HF assisted generation, prompt lookup"),
 }
 
 

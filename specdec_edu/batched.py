@@ -1,12 +1,13 @@
 """Batched speculative decoding: B prompts at once, exact per row.
 
-Rows accept different numbers of drafts, so after a round the sequences have
-different lengths. Cropping a rectangular KV cache per row is impossible, so we
-keep every verified position in the cache and *mask out* the rejected ones:
-``mask [B, L]`` marks which cached positions a row may attend to, and each row's
-position ids count only its valid tokens. A row therefore sees exactly the tokens
-it would see alone (left padding for the prompts works the same way), and each
-row's accept/resample step is the batch-1 rule, ``accept_and_resample``.
+The round is the single-prompt one (``round.speculative_round``); what changes is how
+the caches are rolled back. Rows accept different numbers of drafts, so after a round
+the sequences have different lengths. Cropping a rectangular KV cache per row is
+impossible, so we keep every verified position in the cache and *mask out* the
+rejected ones: ``mask [B, L]`` marks which cached positions a row may attend to, and
+each row's position ids count only its valid tokens. A row therefore sees exactly the
+tokens it would see alone (left padding for the prompts works the same way), and each
+row's accept/resample step is the batch-1 rule.
 
 The price: rejected drafts keep occupying cache slots (memory and attention work
 grow with γ per round), and the whole batch pays for the slowest row's drafts.
@@ -15,172 +16,181 @@ This is why speculative decoding gains less at large batch sizes.
 
 from __future__ import annotations
 
-import time
+import warnings
 
 import torch
+import torch.nn.functional as F
 
 from . import kv
-from .result import GenerationResult, GenerationStats, cut_at_eos, stop_reason, sync
-from .sampling import nonfinite_logits_error
-from .verify import accept_and_resample
+from .drafters import ModelDrafter, draft_loop, gamma_within_positions
+from .result import GenerationResult, GenerationStats, PhaseClock, RoundRecorder
+from .round import head_rows, max_positions, round_gamma, speculative_round
+from .sampling import GenerationConfig, nonfinite_logits_error
 
 
-def _positions(mask: torch.Tensor, n_new: int) -> torch.Tensor:
-    """Position ids ``[B, n_new]`` for tokens appended after the valid tokens of each row."""
-    return mask.sum(-1, keepdim=True) + torch.arange(n_new, device=mask.device)
-
-
-def _forward(model, cache, mask, ids, new_mask=None):
-    """Append ``ids [B, n]`` to ``cache`` (valid where ``new_mask``); returns logits ``[B, n, V]`` and the grown mask."""
-    new_mask = torch.ones_like(ids) if new_mask is None else new_mask
+def _forward(model, cache, mask, ids, new_mask, **kwargs):
+    """Append ``ids [B, n]`` to ``cache`` (valid where ``new_mask [B, n]``); returns the model's output and the grown mask."""
     full = torch.cat([mask, new_mask], 1)
     # positions count valid tokens only; a masked slot gets any position (nobody attends to it)
-    pos = (mask.sum(-1, keepdim=True) + new_mask.cumsum(-1) - 1).clamp(min=0)
-    logits = kv.forward(model, ids, cache, attention_mask=full, position_ids=pos).logits
-    return logits, full
+    positions = (mask.sum(-1, keepdim=True) + new_mask.cumsum(-1) - 1).clamp(min=0)
+    return kv.forward(model, ids, cache, attention_mask=full, position_ids=positions, **kwargs), full
 
 
-def _finish(input_ids, outputs, pad_token_id, stats, row_stats, sources, start) -> GenerationResult:
-    stats.seconds = time.perf_counter() - start
-    stats.stopped_by = GenerationStats.pooled(row_stats).stopped_by
-    return GenerationResult(input_ids, outputs, pad_token_id=pad_token_id, stats=stats, row_stats=row_stats,
-                            token_sources=sources)
+class Batch:
+    """The batched side of a round (see ``round.Loop``): a draft model and the target, each with
+    a KV cache and a mask ``[B, L]`` of the cached positions each row may attend to.
+
+    Invariants between rounds: the target's cache holds each row's tokens except its newest,
+    ``newest [B]``; the draft's cache lacks what the last round emitted, ``unread`` (fed at the
+    start of the next round's drafting, so that all draft work is counted as drafting).
+    """
+
+    def __init__(self, target, drafter: ModelDrafter, ids: torch.Tensor, mask: torch.Tensor, config: GenerationConfig,
+                 generator):
+        if drafter.static is not None:
+            warnings.warn("batched mode runs the draft model eagerly with a dynamic cache: static_cache and compile are "
+                          "single-prompt options of ModelDrafter, ignored here.", stacklevel=4)
+        self.target, self.drafter, self.config, self.generator = target, drafter, config, generator
+        self.vocab_size = head_rows(target)
+        self.target_cache = kv.new_cache(target)
+        self.draft_cache = kv.new_cache(drafter.model)
+        self.target_mask, self.draft_mask = mask[:, :0], mask[:, :0]
+        self.unread = ids, mask  # the draft has read nothing yet: the whole prompts
+        self.newest = ids[:, -1]  # left padding: the last column is real for every row
+        self.prompts, self.prompt_mask = ids, mask
+        self.generating = torch.ones_like(self.newest)  # [B] 1 for rows still generating, 0 for finished ones
+
+    def prefill(self) -> None:
+        """The target reads every prompt but its last token (which the first verify pass feeds)."""
+        if self.prompts.shape[1] > 1:
+            _, self.target_mask = _forward(self.target, self.target_cache, self.target_mask, self.prompts[:, :-1],
+                                           self.prompt_mask[:, :-1], logits_to_keep=1)
+
+    def draft_logits(self, ids: torch.Tensor, new_mask: torch.Tensor) -> torch.Tensor:
+        """Feed ``ids [B, n]`` to the draft model; its logits ``[B, V']`` for the token after them.
+        A ``ModelDrafter`` with ``head_size`` gets logits for its first ``head_size`` token ids only."""
+        model, head_size = self.drafter.model, self.drafter.head_size
+        if head_size is None:
+            out, self.draft_mask = _forward(model, self.draft_cache, self.draft_mask, ids, new_mask, logits_to_keep=1)
+            return out.logits[:, -1]
+        out, self.draft_mask = _forward(model.get_decoder(), self.draft_cache, self.draft_mask, ids, new_mask)
+        return F.linear(out.last_hidden_state[:, -1], model.get_output_embeddings().weight[:head_size])
+
+    def draft_step(self, x: torch.Tensor) -> torch.Tensor:
+        """Feed each row its draft ``x [B]`` (finished rows: masked); logits ``[B, V']`` for the next draft."""
+        return self.draft_logits(x[:, None], self.generating[:, None])
+
+    def draft(self, gamma_round: int):
+        """Drafts ``[B, γ]`` and q ``[B, γ, V]``: the draft reads what it has not, then drafts γ tokens per row."""
+        logits = self.draft_logits(*self.unread)
+        drafts, q = draft_loop(logits, gamma_round, self.config.to_probs, self.generator, self.draft_step)
+        return drafts, F.pad(q, (0, self.vocab_size - q.shape[-1]))  # q = 0 on ids the draft's head lacks
+
+    def verify(self, drafts: torch.Tensor) -> torch.Tensor:
+        """Logits ``[B, γ+1, V]``: one target forward over ``[newest, drafts]`` for every row.
+        Finished rows ride along (the batch is rectangular), masked out: their positions stop growing."""
+        self.drafts = drafts  # [B, γ], for keep
+        new_mask = self.generating[:, None].expand(-1, drafts.shape[1] + 1)
+        out, _ = _forward(self.target, self.target_cache, self.target_mask, torch.cat([self.newest[:, None], drafts], 1),
+                          new_mask)
+        return out.logits
+
+    def read(self, decision: torch.Tensor, drafts: torch.Tensor, logits: torch.Tensor):
+        """One copy to the host: every row's decision and drafts, and the NaN flag; raises on the flag."""
+        nonfinite = (~torch.isfinite(logits).all()).view(1).long()
+        host = torch.cat([decision.flatten(), drafts.flatten(), nonfinite]).tolist()
+        if host[-1]:
+            raise nonfinite_logits_error("target")
+        B, gamma_round = drafts.shape
+        n, next_token = host[0 : 2 * B : 2], host[1 : 2 * B : 2]
+        drafts_host = [host[2 * B + i * gamma_round : 2 * B + (i + 1) * gamma_round] for i in range(B)]
+        return drafts_host, n, next_token
+
+    def keep(self, decision: torch.Tensor) -> None:
+        """Masks instead of crops: of ``[newest, x_1..x_γ]`` each row keeps ``newest`` and its n accepted drafts."""
+        n, next_token = decision[:, 0], decision[:, 1]  # [B] each, on the device
+        gamma_round = self.drafts.shape[1]
+        block = torch.arange(gamma_round + 1, device=n.device)
+        generating = self.generating[:, None]
+        self.target_mask = torch.cat([self.target_mask, (block[None] <= n[:, None]).long() * generating], 1)
+        # The draft cached x_1..x_{γ-1} while drafting: keep the accepted ones.
+        if gamma_round > 1:
+            self.draft_mask[:, -(gamma_round - 1):] = (block[None, : gamma_round - 1] < n[:, None]).long() * generating
+        # Not read by the draft yet: x_γ (if accepted; never fed while drafting) and next_token. Rows that
+        # rejected x_γ get a masked slot in its place (the batch is rectangular).
+        x_gamma = self.drafts[:, -1] if gamma_round else next_token
+        x_gamma_kept = (n == gamma_round) & (gamma_round > 0)
+        self.unread = (torch.stack([x_gamma, next_token], 1),
+                       torch.stack([x_gamma_kept.long(), torch.ones_like(n)], 1) * generating)
+        self.newest = next_token
+
+
+def _result(prompts, rows: list[RoundRecorder], batch: GenerationStats, pad_token_id: int) -> GenerationResult:
+    return GenerationResult(prompts, [row.tokens for row in rows], pad_token_id=pad_token_id,
+                            stats=GenerationStats.of_batch([row.stats for row in rows], batch),
+                            row_stats=[row.stats for row in rows], token_sources=[row.sources for row in rows])
+
+
+def _recorders(target, attention_mask, config: GenerationConfig, clock: PhaseClock) -> list[RoundRecorder]:
+    """One recorder per row, knowing its prompt length (its real tokens)."""
+    return [RoundRecorder(n, max_new_tokens=config.max_new_tokens, eos=config.eos, max_pos=max_positions(target), clock=clock)
+            for n in attention_mask.sum(-1).tolist()]
 
 
 @torch.no_grad()
-def batched_speculative_generate(target, draft, input_ids, attention_mask, *, max_new_tokens, gamma, to_probs, generator, eos,
-                                 accept_fn=None, pad_token_id=0, max_pos=None):
+def batched_speculative_generate(target, drafter: ModelDrafter, input_ids, attention_mask, config: GenerationConfig, *,
+                                 gamma: int, generator=None, accept_fn=None, profile=False) -> GenerationResult:
     """See ``speculative_generate``; ``input_ids [B, n]`` left-padded, ``attention_mask [B, n]``."""
-    accept_fn = accept_fn or accept_and_resample
-    B, device = input_ids.shape[0], input_ids.device
-    vocab_size = target.get_output_embeddings().weight.shape[0]
-    outputs, sources = [[] for _ in range(B)], [[] for _ in range(B)]
-    stats, row_stats = GenerationStats(), [GenerationStats() for _ in range(B)]
-    lengths = attention_mask.sum(-1).tolist()  # each row's real tokens so far (prompt + output)
-    start = time.perf_counter()
-
-    # Prefill. Target: everything but the last prompt token (left padding: the last column is real).
-    t_cache, d_cache = kv.new_cache(target), kv.new_cache(draft)
-    t_mask = attention_mask[:, :0]
-    if input_ids.shape[1] > 1:
-        _, t_mask = _forward(target, t_cache, t_mask, input_ids[:, :-1], attention_mask[:, :-1])
-    d_logits, d_mask = _forward(draft, d_cache, attention_mask[:, :0], input_ids, attention_mask)
-    d_logits = d_logits[:, -1]  # [B, V]: the draft's next-token logits per row
-    last = input_ids[:, -1]  # [B]: each row's newest token, not yet in the target's cache
-    sync(device)
-    stats.prefill_seconds = time.perf_counter() - start
-
-    while not all(s.stopped_by for s in row_stats):
-        active = [i for i in range(B) if not row_stats[i].stopped_by]
-        # One γ for the batch: no active row may pass max_new_tokens or the position limit.
-        room = min(max_new_tokens - len(outputs[i]) for i in active)
-        if max_pos is not None:
-            room = min(room, min(max_pos - lengths[i] for i in active))
-        g = max(0, min(gamma, room - 1))
-        # Finished rows ride along (the batch is rectangular) but everything they are fed is masked
-        # out, so their positions stop growing and never pass the position limit.
-        alive = torch.tensor([not s.stopped_by for s in row_stats], device=device).long()  # [B]
-
-        # 1. Draft γ tokens for every row at once (γ draft forwards of batch B).
-        t0 = time.perf_counter()
-        drafts, qs = [], []
-        for j in range(g):
-            q_j = to_probs(d_logits)  # [B, V']
-            x_j = torch.multinomial(q_j, 1, generator=generator)  # [B, 1]
-            drafts.append(x_j)
-            qs.append(torch.nn.functional.pad(q_j, (0, vocab_size - q_j.shape[-1])))  # q = 0 on ids the draft lacks
-            if j < g - 1:
-                d_logits, d_mask = _forward(draft, d_cache, d_mask, x_j, alive[:, None])
-                d_logits = d_logits[:, -1]
-        drafts = torch.cat(drafts, 1) if g else input_ids[:, :0]  # [B, γ]
-        q = torch.stack(qs, 1) if g else None  # [B, γ, V]
-        sync(device)
-        t1 = time.perf_counter()
-
-        # 2. One target forward over [last, drafts] for every row.
-        logits, _ = _forward(target, t_cache, t_mask, torch.cat([last[:, None], drafts], 1), alive[:, None].expand(B, g + 1))
-        if not torch.isfinite(logits).all():
-            raise nonfinite_logits_error("target")
-        p = to_probs(logits)  # [B, γ+1, V]
-
-        # 3. The batch-1 rule, row by row.
-        accepted, nexts = [], []
-        for i in range(B):
-            n, nxt = accept_fn(p[i], q[i] if g else p[i, :0], drafts[i], generator)
-            accepted.append(int(n))
-            nexts.append(int(nxt))
-        n_acc = torch.tensor(accepted, device=device)
-        # 4. Masks instead of crops: block column k of [last, x_1..x_γ] stays valid iff k <= n_i.
-        cols = torch.arange(g + 1, device=device)
-        t_mask = torch.cat([t_mask, (cols[None] <= n_acc[:, None]).long() * alive[:, None]], 1)
-        # The draft cached x_1..x_{γ-1}; keep those accepted, then feed what it has not seen:
-        # [x_γ, next] when everything was accepted, else [next] (left-padded with a masked slot).
-        if g > 1:
-            d_mask[:, -(g - 1):] = (cols[None, : g - 1] < n_acc[:, None]).long() * alive[:, None]
-        nxt_t = torch.tensor(nexts, device=device)
-        all_in = n_acc == g
-        feed = torch.stack([drafts[:, -1] if g else nxt_t, nxt_t], 1)
-        feed_mask = torch.stack([all_in.long() if g else torch.zeros_like(nxt_t), torch.ones_like(nxt_t)], 1) * alive[:, None]
-        d_logits, d_mask = _forward(draft, d_cache, d_mask, feed, feed_mask)
-        d_logits = d_logits[:, -1]
-        last = nxt_t
-        sync(device)
-        t2 = time.perf_counter()
-
-        stats.rounds += 1
-        stats.draft_seconds += t1 - t0
-        stats.verify_seconds += t2 - t1
-        drafts_host = drafts.tolist()
-        for i in active:
-            n = accepted[i]
-            new, hit_eos = cut_at_eos(drafts_host[i][:n] + [nexts[i]], eos)
-            outputs[i] += new
-            lengths[i] += len(new)
-            emitted_accepted = min(n, len(new))  # drafts cut off after an EOS were never emitted
-            ended = "target" if g == 0 else "bonus" if n == g else "corrected"
-            sources[i] += ["accepted"] * emitted_accepted + [ended] * (len(new) - emitted_accepted)
-            for s in (stats, row_stats[i]):
-                s.drafted += g
-                s.accepted += emitted_accepted
-                s.rejected_rounds += ended == "corrected" and len(new) > n
-                s.new_tokens += len(new)
-            row_stats[i].rounds += 1
-            row_stats[i].accepted_per_round.append(emitted_accepted)
-            row_stats[i].tokens_per_round.append(len(new))
-            row_stats[i].stopped_by = stop_reason(len(outputs[i]), lengths[i], hit_eos, max_new_tokens, max_pos)
-
-    return _finish(input_ids, outputs, pad_token_id, stats, row_stats, sources, start)
+    if not isinstance(drafter, ModelDrafter):
+        raise ValueError("batched speculative decoding needs a draft model; run a drafter object "
+                         "(e.g. prompt lookup, EAGLE, Medusa) one prompt at a time.")
+    clock = PhaseClock(input_ids.device, profile)
+    rows, batch = _recorders(target, attention_mask, config, clock), GenerationStats()  # batch: its rounds and times
+    gamma_within_positions(drafter.model, max(row.length for row in rows), gamma)  # prompts the draft cannot read: raise now
+    loop = Batch(target, drafter, input_ids, attention_mask, config, generator)
+    loop.prefill()
+    batch.prefill_seconds = clock.lap()
+    for row in rows:
+        row.stats.prefill_seconds = batch.prefill_seconds
+    while generating := [row for row in rows if not row.stats.stopped_by]:
+        loop.generating = torch.tensor([not row.stats.stopped_by for row in rows], device=input_ids.device).long()
+        # One γ for the batch: no row still generating may pass its limits, nor the draft its positions.
+        gamma_round = gamma_within_positions(drafter.model, max(row.length for row in generating), round_gamma(gamma, generating))
+        drafts, n, next_token, phases = speculative_round(loop, gamma_round, config, accept_fn, generator, clock)
+        batch.rounds += 1
+        batch.record_times(phases, profile)
+        for row, row_drafts, row_n, row_next in zip(rows, drafts, n, next_token):
+            if not row.stats.stopped_by:
+                row.add(row_drafts, row_n, row_next, phases)
+    batch.seconds = clock.elapsed()
+    return _result(input_ids, rows, batch, config.pad_token_id)
 
 
 @torch.no_grad()
-def batched_autoregressive_generate(target, input_ids, attention_mask, *, max_new_tokens, to_probs, generator, eos,
-                                    pad_token_id=0, max_pos=None):
+def batched_autoregressive_generate(target, input_ids, attention_mask, config: GenerationConfig, *,
+                                    generator=None) -> GenerationResult:
     """The batched baseline: one target forward of batch B per token."""
-    B, device = input_ids.shape[0], input_ids.device
-    outputs, row_stats = [[] for _ in range(B)], [GenerationStats() for _ in range(B)]
-    lengths = attention_mask.sum(-1).tolist()
-    stats = GenerationStats()
-    start = time.perf_counter()
+    clock = PhaseClock(input_ids.device, False)
+    rows, batch = _recorders(target, attention_mask, config, clock), GenerationStats()
     cache = kv.new_cache(target)
-    logits, mask = _forward(target, cache, attention_mask[:, :0], input_ids, attention_mask)
-    stats.prefill_seconds = time.perf_counter() - start
+    out, mask = _forward(target, cache, attention_mask[:, :0], input_ids, attention_mask, logits_to_keep=1)
+    logits = out.logits[:, -1]  # [B, V]
+    batch.prefill_seconds = clock.lap()
     while True:
-        if not torch.isfinite(logits[:, -1]).all():
+        tokens = torch.multinomial(config.to_probs(logits), 1, generator=generator)  # [B, 1]
+        finite = torch.isfinite(logits).all().long().view(1)
+        *host_tokens, all_finite = torch.cat([tokens[:, 0], finite]).tolist()  # one read per token
+        if not all_finite:
             raise nonfinite_logits_error("target")
-        tokens = torch.multinomial(to_probs(logits[:, -1]), 1, generator=generator)  # [B, 1]
-        for i, t in enumerate(tokens[:, 0].tolist()):
-            if not row_stats[i].stopped_by:
-                outputs[i].append(t)
-                lengths[i] += 1
-                stats.new_tokens += 1
-                row_stats[i].new_tokens += 1
-                row_stats[i].stopped_by = stop_reason(len(outputs[i]), lengths[i], t in eos, max_new_tokens, max_pos)
-        if all(s.stopped_by for s in row_stats):
+        for row, token in zip(rows, host_tokens):
+            if not row.stats.stopped_by:
+                row.add([], 0, token, dict(draft=0.0, verify_forward=0.0, accept_resample=0.0, cache_crop=0.0))
+        if all(row.stats.stopped_by for row in rows):
             break
-        t0 = time.perf_counter()
-        alive = torch.tensor([not s.stopped_by for s in row_stats], device=device).long()[:, None]
-        logits, mask = _forward(target, cache, mask, tokens, alive)  # finished rows: masked, positions frozen
-        sync(device)
-        stats.rounds += 1
-        stats.verify_seconds += time.perf_counter() - t0
-    return _finish(input_ids, outputs, pad_token_id, stats, row_stats, [["target"] * len(o) for o in outputs], start)
+        generating = torch.tensor([not row.stats.stopped_by for row in rows], device=input_ids.device).long()[:, None]
+        out, mask = _forward(target, cache, mask, tokens, generating)  # finished rows: masked, positions frozen
+        logits = out.logits[:, -1]
+        batch.rounds += 1
+        batch.verify_seconds += clock.lap()
+    batch.seconds = clock.elapsed()
+    return _result(input_ids, rows, batch, config.pad_token_id)

@@ -1,6 +1,6 @@
 """Drafters: anything that can guess the next γ tokens.
 
-The whole protocol is one method::
+**The protocol** (:class:`Drafter`) is one required method::
 
     propose(context, gamma, to_probs, generator) -> (tokens [γ'], q [γ', V'])
 
@@ -11,9 +11,29 @@ from. A drafter may return fewer than γ tokens (even none) and may cover only t
 first V' <= V token ids: tokens outside get q = 0, meaning "never proposed", which
 leaves speculative sampling exact.
 
+Four optional hooks, for drafters that keep state or depend on the target:
+
+* ``reset()``: forget everything (called before each generation: a new prompt).
+* ``observe(features [n, d])``: having it means "show me the target's last hidden
+  states": the loop then passes them for every position the target's cache keeps
+  (feature drafters: EAGLE, Medusa, in ``specdec_edu.models.feature_drafters``).
+* ``check_target(target)``: raise ``ValueError`` (naming the fix) if this drafter
+  cannot serve ``target`` (e.g. it was trained on another model).
+* ``drafted_elsewhere()``: for a drafter that takes turns with another one
+  (:class:`LookupThenDrafter`): "the last round was not yours", so the tokens the
+  context grew by were not its drafts (see :class:`ModelDrafter`).
+
+Nothing looks for these by hand: the loop calls :func:`reset_drafter`,
+:func:`wants_features` and :func:`check_drafter_target`, and ``LookupThenDrafter``
+:func:`tell_drafted_elsewhere`, the one place where the optional hooks are looked up.
+
 A drafter never needs to be told about rejections: it sees the new context on the
 next call and can compare it with the context of its last call. ``speculative_generate``
 passes ``context`` as a host (CPU) tensor, so that comparison costs no device sync.
+
+**One drafting loop.** Every autoregressive drafter (a draft model, EAGLE, the batched
+path) drafts the same way, with :func:`draft_loop`: sample x_i from q_i, feed x_i back
+to get q_{i+1}, except after the last draft.
 """
 
 from __future__ import annotations
@@ -25,15 +45,96 @@ import torch
 import torch.nn.functional as F
 
 from . import kv
-from .sampling import sample
+from .round import max_positions
+from .sampling import check_generator
 
 ToProbs = Callable[[torch.Tensor], torch.Tensor]
 
 
 class Drafter(Protocol):
+    """What ``speculative_generate`` needs from a drafter (see the module docstring for the optional hooks)."""
+
     def propose(
         self, context: torch.Tensor, gamma: int, to_probs: ToProbs, generator: torch.Generator | None
-    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Up to ``gamma`` tokens ``[γ']`` after ``context`` ``[n]`` (host), and the q ``[γ', V']`` they were drawn from."""
+        ...
+
+
+# ---- the optional hooks: looked up here, and only here ------------------------------------------
+
+
+def reset_drafter(drafter) -> None:
+    """Before a new generation: ``drafter.reset()`` if it keeps state (a KV cache, observed features)."""
+    reset = getattr(drafter, "reset", None)
+    if reset is not None:
+        reset()
+
+
+def wants_features(drafter) -> bool:
+    """Does ``drafter`` draft from the target's hidden states (has ``observe(features [n, d])``)?"""
+    return callable(getattr(drafter, "observe", None))
+
+
+def check_drafter_target(drafter, target) -> None:
+    """``drafter.check_target(target)`` if it has one: raises ``ValueError`` when it cannot serve ``target``."""
+    check = getattr(drafter, "check_target", None)
+    if check is not None:
+        check(target)
+
+
+def tell_drafted_elsewhere(drafter) -> None:
+    """``drafter.drafted_elsewhere()`` if it has one: the last round's drafts came from another drafter."""
+    told = getattr(drafter, "drafted_elsewhere", None)
+    if told is not None:
+        told()
+
+
+# ---- the one drafting loop ----------------------------------------------------------------------
+
+
+def sample_rows(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token id per distribution: ``probs`` ``[..., V]`` → ids ``[...]`` (0-dim for one ``[V]``).
+
+    For ``[V]`` this is ``sampling.sample`` (the same draw from the same generator); for
+    ``[B, V]`` each row gets its own independent draw.
+    """
+    check_generator(generator, probs.device)
+    return torch.multinomial(probs, 1, generator=generator)[..., 0]
+
+
+def no_drafts(width: int, device: torch.device, batch: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+    """An empty proposal: tokens ``[..., 0]`` and q ``[..., 0, V']`` (V' = ``width``); the round is then a
+    target-only step."""
+    return torch.empty(*batch, 0, dtype=torch.long, device=device), torch.zeros(*batch, 0, width, device=device)
+
+
+def draft_loop(logits: torch.Tensor, gamma: int, to_probs: ToProbs, generator: torch.Generator | None,
+               feed: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draft γ tokens autoregressively: x_i ~ q_i = to_probs(logits_i), then logits_{i+1} = feed(x_i).
+
+    Args:
+        logits: ``[..., V']``, the drafter's logits for the first draft position: ``[V']`` for
+            one prompt, ``[B, V']`` for a batch.
+        gamma: γ, the number of drafts.
+        to_probs: the run's sampling settings, logits → probabilities (the same as the target's).
+        generator: for the draws (on the logits' device).
+        feed: ``feed(x_i [...]) -> logits [..., V']``: runs the drafter one step on its own draft.
+
+    Returns:
+        tokens ``[..., γ]`` and q ``[..., γ, V']`` (everything stays on the device: no sync).
+    """
+    if gamma < 1:
+        return no_drafts(logits.shape[-1], logits.device, logits.shape[:-1])
+    tokens, qs = [], []
+    for i in range(gamma):
+        q_i = to_probs(logits)  # [..., V']
+        x_i = sample_rows(q_i, generator)  # [...]
+        tokens.append(x_i)
+        qs.append(q_i)
+        if i < gamma - 1:  # the last draft is never fed: nobody needs what comes after it yet
+            logits = feed(x_i)
+    return torch.stack(tokens, -1), torch.stack(qs, -2)
 
 
 def common_prefix_length(a: torch.Tensor, b: torch.Tensor) -> int:
@@ -41,6 +142,25 @@ def common_prefix_length(a: torch.Tensor, b: torch.Tensor) -> int:
     n = min(len(a), len(b))
     mismatch = (a[:n] != b[:n]).nonzero()
     return int(mismatch[0]) if len(mismatch) else n
+
+
+def gamma_within_positions(draft: torch.nn.Module, context_length: int, gamma: int) -> int:
+    """γ cut so that ``draft`` never reads past its own position limit; a context it cannot read raises.
+
+    Drafting reads the context (positions 0 … n − 1), then the first γ − 1 drafts (the last one is never
+    fed): n + γ − 1 positions. Past its limit a model with learned positions (GPT-2) fails with an
+    IndexError, and one with rotary positions runs where it was never trained.
+    """
+    limit = max_positions(draft)
+    if limit is None:
+        return gamma
+    if context_length > limit:
+        raise ValueError(
+            f"the draft model reads at most {limit} positions (config.max_position_embeddings / n_positions), but the "
+            f"context has {context_length} tokens: shorten the prompt (or lower max_new_tokens), or use a draft model "
+            "with a longer context."
+        )
+    return min(gamma, limit - context_length + 1)
 
 
 class ModelDrafter:
@@ -56,17 +176,16 @@ class ModelDrafter:
         max_cache_len: positions the static cache holds (default: the model's
             ``max_position_embeddings``). Smaller is faster (every step attends over all
             slots, masked or not); a generation that needs more raises, naming the fix.
-        compile: run the one-token decode step through ``torch.compile`` (needs
-            ``static_cache=True``). Off by default: compiling takes seconds to minutes and
-            pays off only over many steps, mostly on a GPU.
+        compile: run every forward (one-token steps, the catch-up feed, the prefill) through
+            ``torch.compile``'d code of a few fixed input widths (needs ``static_cache=True``;
+            see ``kv.forward_padded``). Off by default: compiling takes seconds to minutes
+            and pays off only over many steps, mostly on a GPU.
         compile_options: keyword arguments for ``torch.compile``, over the defaults
-            ``dynamic=False, fullgraph=False`` (tests pass ``{"backend": "aot_eager"}``).
-            ``dynamic=False`` because the step always has the same shapes (ids ``[1, 1]``,
-            positions ``[1]``, a cache of ``max_cache_len`` slots) and the position is a
-            tensor argument, not a Python int: one compilation serves every step, and a
-            changed shape would be a bug to surface, not to recompile for. The mode stays
-            the default (fused kernels, no CUDA graphs); ``{"mode": "reduce-overhead"}``
-            adds CUDA graphs, which cut launch overhead further (not tested here).
+            ``dynamic=False, fullgraph=True`` (tests pass ``{"backend": "aot_eager"}``).
+            ``dynamic=False`` because each width always has the same shapes (ids ``[1, w]``,
+            positions ``[w]``, a cache of ``max_cache_len`` slots) and the positions are a
+            tensor argument, not Python ints: one compilation per width serves every step.
+            ``{"mode": "reduce-overhead"}`` adds CUDA graphs, which cut launch overhead further.
 
     **Cache bookkeeping without a device sync.** The cache holds the K/V of the last
     context plus the drafts fed after it (γ − 1: the last draft is never fed). To reuse
@@ -78,8 +197,11 @@ class ModelDrafter:
     context extends the last one by k tokens, the first k − 1 are accepted drafts,
     whose K/V are already cached; only the rest is fed. A context that does not extend
     the last one (a new prompt) falls back to the common prefix of the two host
-    contexts. If you call ``propose`` by hand with a context that extends the last one
-    by tokens that were *not* its drafts, call ``reset()`` first.
+    contexts. A round this drafter did not draft breaks the contract (the context grows by
+    another drafter's tokens): whoever skips it, like ``LookupThenDrafter``, calls
+    ``drafted_elsewhere()``, and only the last context's K/V are reused. (By hand: call
+    ``drafted_elsewhere()`` before a ``propose`` whose context extends the last one by
+    tokens that were not its drafts, or ``reset()`` before an unrelated one.)
 
     Exactness never depends on this cache: q is the distribution the drafter sampled
     from, whatever it conditioned on. The acceptance rate α does, which is why the
@@ -104,9 +226,8 @@ class ModelDrafter:
             max_cache_len = max_cache_len or getattr(model.config, "max_position_embeddings", None)
             if max_cache_len is None:
                 raise ValueError("static_cache=True needs max_cache_len (the model's config has no max_position_embeddings).")
-            self.static = kv.new_static_cache(self._net, max_cache_len)  # one object for all generations: compiled once
-        options = {"dynamic": False, "fullgraph": False, **(compile_options or {})}
-        self._decode = torch.compile(self._logits, **options) if compile else None  # the one-token step
+            # One object for all generations: compiled code is specialised to it, so each width compiles once.
+            self.static = kv.new_static_cache(self._net, max_cache_len, compile=compile, compile_options=compile_options)
         self.reset()
 
     def reset(self) -> None:
@@ -120,12 +241,14 @@ class ModelDrafter:
         self.last_context = torch.empty(0, dtype=torch.long)  # the context of the last propose, on the host
         self.n_draft_cached = 0  # drafts fed after last_context: γ − 1 after a propose
 
-    def _logits(self, ids: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-        """Feed ``ids`` ``[1, n]`` through the draft; logits ``[V']`` for the token after them."""
-        if positions is None:
-            out = kv.forward(self._net, ids, self.cache, **self._net_kwargs)
-        else:
-            out = kv.forward_at(self._net, ids, self.cache, positions, **self._net_kwargs)
+    def drafted_elsewhere(self) -> None:
+        """The last round was drafted by someone else: the tokens after ``last_context`` are not (all) the
+        drafts this drafter fed, so none of those may be reused; the K/V of ``last_context`` itself still may."""
+        self.n_draft_cached = 0
+
+    def _logits(self, ids: torch.Tensor) -> torch.Tensor:
+        """Feed ``ids`` ``[1, n]`` through the draft (compiled if asked, whatever n); logits ``[V']`` for the token after them."""
+        out = kv.forward(self._net, ids, self.cache, **self._net_kwargs)
         if self.head_size is None:
             return out.logits[0, -1]
         return F.linear(out.last_hidden_state[0, -1], self.model.get_output_embeddings().weight[: self.head_size])
@@ -133,10 +256,7 @@ class ModelDrafter:
     def next_logits(self, new_tokens: torch.Tensor) -> torch.Tensor:
         """Append ``new_tokens`` ``[n]`` (host or device) to the cache; logits ``[V']`` for the token after them."""
         ids = to_device(new_tokens, self.model.device).view(1, -1)
-        if self._decode is not None and ids.shape[1] == 1:  # the compiled one-token step
-            logits = self._decode(ids, self.cache.reserve(1))
-        else:
-            logits = self._logits(ids)
+        logits = self._logits(ids)
         self.n_cached += ids.shape[1]
         return logits
 
@@ -155,11 +275,13 @@ class ModelDrafter:
 
     @torch.no_grad()
     def propose(self, context, gamma, to_probs, generator=None):
-        """Draft ``gamma`` tokens after ``context`` ``[n]`` (host); returns tokens ``[γ]`` and q ``[γ, V']``."""
+        """Draft γ' tokens after ``context`` ``[n]`` (host); returns tokens ``[γ']`` and q ``[γ', V']``.
+
+        γ' = γ, or fewer where the draft model's own position limit leaves no room for γ."""
         context = context.cpu()  # the loop passes a host tensor already (a device one would cost a sync here)
+        gamma = gamma_within_positions(self.model, len(context), gamma)
         if gamma < 1:
-            width = self.head_size or self.vocab_size
-            return torch.empty(0, dtype=torch.long, device=self.model.device), torch.zeros(0, width, device=self.model.device)
+            return no_drafts(self.head_size or self.vocab_size, self.model.device)
         # 1. Roll the cache back to what still matches the context (rejected drafts go).
         keep = self.reusable_prefix(context)
         unreadable = context[keep:] >= self.model.get_input_embeddings().num_embeddings  # host tensors: no sync
@@ -174,16 +296,9 @@ class ModelDrafter:
         logits = self.next_logits(context[keep:])
 
         # 2. Draft autoregressively: sample from q, feed the sample back in (all on the device).
-        tokens, qs = [], []
-        for i in range(gamma):
-            q_i = to_probs(logits)
-            token = sample(q_i, generator)
-            tokens.append(token)
-            qs.append(q_i)
-            if i < gamma - 1:  # the last draft need not be fed: nobody needs what comes after it yet
-                logits = self.next_logits(token)
+        tokens, q = draft_loop(logits, gamma, to_probs, generator, self.next_logits)
         self.last_context, self.n_draft_cached = context, gamma - 1
-        return torch.stack(tokens), torch.stack(qs)
+        return tokens, q
 
 
 def to_device(tokens: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -235,29 +350,36 @@ class LookupThenDrafter:
     repeated word is a poor reason to copy). If it finds nothing, ``fallback`` drafts.
     Either way q is what the tokens were drawn from, so the output stays exact.
 
-    A feature drafter (``fallback.observe``) must see every position the target keeps,
-    also in rounds that lookup drafted, or its cache falls out of step: ``observe`` and
-    ``reset`` are passed through to it. ``rounds`` counts who drafted: ``{"lookup": n,
-    "fallback": m}`` for the last generation.
+    The fallback's optional hooks (module docstring) pass through: ``reset``,
+    ``check_target`` and ``drafted_elsewhere`` always, ``observe`` only if the fallback has it (a feature drafter must
+    see every position the target keeps, also in rounds that lookup drafted, or its cache
+    falls out of step). ``rounds`` counts who drafted: ``{"lookup": n, "fallback": m}`` for
+    the last generation.
     """
 
     def __init__(self, fallback, lookup: PromptLookupDrafter | None = None):
         self.fallback = fallback
         self.lookup = lookup if lookup is not None else PromptLookupDrafter(max_ngram=4, min_ngram=3)
-        if hasattr(fallback, "observe"):  # the loop shows features only to drafters that have .observe
+        if wants_features(fallback):  # having .observe is what asks the loop for features: only if the fallback asks
             self.observe = fallback.observe
         self.rounds = {"lookup": 0, "fallback": 0}
 
     def reset(self) -> None:
         self.rounds = {"lookup": 0, "fallback": 0}
-        if hasattr(self.fallback, "reset"):
-            self.fallback.reset()
+        reset_drafter(self.fallback)
+
+    def check_target(self, target) -> None:
+        check_drafter_target(self.fallback, target)
+
+    def drafted_elsewhere(self) -> None:  # this one, nested as another's fallback: the fallback did not draft either
+        tell_drafted_elsewhere(self.fallback)
 
     def propose(self, context, gamma, to_probs, generator=None):
         """Tokens ``[γ']`` and q ``[γ', V']`` from lookup if the context's suffix occurred before, else from ``fallback``."""
         tokens, q = self.lookup.propose(context, gamma)
         if len(tokens):
             self.rounds["lookup"] += 1
+            tell_drafted_elsewhere(self.fallback)  # the context will grow by lookup's tokens, not the fallback's drafts
             return tokens, q
         self.rounds["fallback"] += 1
         return self.fallback.propose(context, gamma, to_probs, generator)

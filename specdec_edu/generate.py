@@ -1,14 +1,17 @@
 """Speculative decoding end to end, and the target-only baseline it is compared with.
 
-One round of ``speculative_generate``::
+One round of ``speculative_generate`` (``round.speculative_round``, which this loop and the
+batched loop share)::
 
-    context ──draft──> x_1 … x_γ  (γ cheap draft forwards, q_1 … q_γ)
-    target([last, x_1 … x_γ])      (ONE target forward → p_1 … p_{γ+1})
-    accept_and_resample(p, q, x)   → keep x_1 … x_n, add one target token
+    OnePrompt.draft    context ──drafter.propose──> x_1 … x_γ, q_1 … q_γ   (propose_checked)
+    OnePrompt.verify   target([newest, x_1 … x_γ]) → logits for p_1 … p_{γ+1}  (ONE target forward)
+    the accept rule    verify_drafts(p, q, x) (greedy_verify when greedy) → n, next token
+    OnePrompt.read     the round's one device→host read
+    OnePrompt.keep     crop the target's cache to [newest, x_1 … x_n]; next token = new `newest`
 
 Bookkeeping that keeps it to one target forward per round: the target's KV cache
 holds every token except the last one emitted, so the verify pass feeds
-``[last] + drafts`` and reads γ + 1 next-token distributions. After the decision
+``[newest] + drafts`` and reads γ + 1 next-token distributions. After the decision
 the cache is cropped back to "everything except the new last token".
 
 The round reads ONE thing back from the device: ``[n_accepted, next_token, drafts…,
@@ -19,31 +22,22 @@ Python ``if``. The context lives on the host, where drafters and stop checks rea
 
 from __future__ import annotations
 
-from functools import partial
+import warnings
 
 import torch
 
 from . import kv
 from .batched import batched_autoregressive_generate, batched_speculative_generate
-from .drafters import Drafter, ModelDrafter, to_device
-from .result import GenerationResult, GenerationStats, PhaseClock, cut_at_eos, stop_reason
-from .sampling import check_generator, check_sampling_args, logits_to_probs, nonfinite_logits_error, sample
-from .verify import greedy_verify, verify_drafts
+from .drafters import Drafter, ModelDrafter, check_drafter_target, reset_drafter, to_device, wants_features
+from .result import GenerationResult, GenerationStats, PhaseClock, RoundRecorder, stop_reason
+from .round import head_rows, max_positions, round_gamma, speculative_round
+from .sampling import GenerationConfig, check_generator, nonfinite_logits_error, sample
+
+__all__ = ["speculative_generate", "autoregressive_generate", "head_rows", "max_positions"]
 
 
-def head_rows(model: torch.nn.Module) -> int:
-    """How many token ids the model's output head can produce (may exceed the tokenizer's
-    vocabulary: Qwen2.5-0.5B has 151936 rows, Qwen2.5-7B 152064, for one tokenizer)."""
-    return model.get_output_embeddings().weight.shape[0]
-
-
-def max_positions(model: torch.nn.Module) -> int | None:
-    return getattr(model.config, "max_position_embeddings", None)
-
-
-def _prepare(target, input_ids, attention_mask, max_new_tokens, do_sample, temperature, top_k, top_p, generator,
-             eos_token_id):
-    """Validate the inputs shared by both generators; return (ids [B, n], mask [B, n], to_probs, eos set)."""
+def validate_prompts(target, input_ids, attention_mask, generator):
+    """Check the prompts (and the generator) against the target; return ids ``[B, n]`` and mask ``[B, n]`` on its device."""
     if input_ids.dim() == 1:
         input_ids = input_ids[None]
     if input_ids.dim() != 2 or input_ids.shape[-1] == 0 or input_ids.shape[0] == 0:
@@ -56,8 +50,6 @@ def _prepare(target, input_ids, attention_mask, max_new_tokens, do_sample, tempe
     elif not bool(attention_mask[:, -1].all()):
         raise ValueError("the prompts must be LEFT-padded (the last column real for every row): "
                          "use tokenizer(..., padding_side='left').")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens={max_new_tokens}: ask for at least 1 new token.")
     max_pos = max_positions(target)
     longest_prompt = int(attention_mask.sum(-1).max())
     if max_pos is not None and longest_prompt >= max_pos:
@@ -65,15 +57,8 @@ def _prepare(target, input_ids, attention_mask, max_new_tokens, do_sample, tempe
             f"the prompt has {longest_prompt} tokens but the target handles at most {max_pos} positions "
             "(config.max_position_embeddings), and a new token needs one more: shorten the prompt."
         )
-    check_sampling_args(temperature, top_k, top_p)
-    device = target.device
-    check_generator(generator, device)
-    # Greedy is sampling at temperature 0 (one-hot p and q), as in HF generate(do_sample=False).
-    # No NaN check inside: the loops check the target's logits once per round instead.
-    to_probs = partial(logits_to_probs, temperature=temperature if do_sample else 0.0, top_k=top_k, top_p=top_p,
-                       check_finite=False)
-    eos = set() if eos_token_id is None else {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id)
-    return input_ids.to(device), attention_mask.to(device), to_probs, eos
+    check_generator(generator, target.device)
+    return input_ids.to(target.device), attention_mask.to(target.device)
 
 
 def as_drafter(draft, target) -> Drafter:
@@ -104,6 +89,10 @@ def propose_checked(drafter, context, gamma, to_probs, generator, device, vocab_
     """
     drafts, q = drafter.propose(context, gamma, to_probs, generator)
     name = type(drafter).__name__
+    if drafts.dtype.is_floating_point or drafts.dtype.is_complex or drafts.dtype == torch.bool:
+        raise ValueError(f"{name}.propose returned token ids of dtype {drafts.dtype}: token ids are integers, "
+                         "return a LongTensor (e.g. tokens.long(), or sample with torch.multinomial).")
+    drafts = drafts.long()
     if drafts.dim() != 1 or q.dim() != 2 or len(drafts) != q.shape[0]:
         raise ValueError(f"{name}.propose must return tokens [γ'] and q [γ', V'] with one q row per token; "
                          f"got tokens {tuple(drafts.shape)} and q {tuple(q.shape)}.")
@@ -145,6 +134,80 @@ def target_forward(target, ids, cache, with_features: bool):
     return target.get_output_embeddings()(hidden), hidden
 
 
+def target_cache(target, compile: bool, compile_options: dict | None, positions: int):
+    """An empty KV cache for the target, with room for ``positions``: a ``DynamicCache`` (eager), or the
+    target's shared compiled static cache (``kv.shared_static_cache``: every compiled generation reuses
+    it, so each input width compiles once, not once per prompt)."""
+    return kv.shared_static_cache(target, positions, compile_options) if compile else kv.new_cache(target)
+
+
+def eager_because(compile: bool, reason: str | None) -> bool:
+    """``compile``, unless ``reason`` says why this call runs eager (then say so, in one line: never an error)."""
+    if compile and reason:
+        warnings.warn(f"compile=True: {reason}, so this call runs eager.", stacklevel=3)
+    return compile and not reason
+
+
+class OnePrompt:
+    """The single-prompt side of a round (see ``round.Loop``): a drafter, the target's KV cache,
+    and the context on the host.
+
+    Invariant between rounds: the target's cache holds ``context`` except its newest token,
+    ``newest`` (on the device), which the next verify pass feeds first.
+    """
+
+    def __init__(self, target, drafter, prompt: torch.Tensor, config: GenerationConfig, generator, cache):
+        self.target, self.drafter, self.config, self.generator = target, drafter, config, generator
+        self.device, self.vocab_size = prompt.device, head_rows(target)
+        # A drafter with observe(features) is shown the target's hidden state at every position the
+        # target's cache keeps: the prompt (prefill), then [newest] + accepted drafts after each round.
+        self.with_features = wants_features(drafter)
+        self.cache = cache  # empty: from target_cache
+        self.prompt, self.context, self.newest = prompt, prompt.cpu(), prompt[-1:]  # context: on the host
+
+    def prefill(self) -> None:
+        """The target reads the prompt but its last token (which the first verify pass feeds)."""
+        if len(self.prompt) > 1:
+            _, features = target_forward(self.target, self.prompt[None, :-1], self.cache, self.with_features)
+            if self.with_features:
+                self.drafter.observe(features)
+
+    def draft(self, gamma_round: int):
+        """Up to γ drafts ``[γ']`` and q ``[γ', V]`` from the drafter (none when γ = 0), checked."""
+        if gamma_round == 0:
+            self.q_flags = torch.zeros(2, dtype=torch.bool, device=self.device)
+            return self.newest[:0], torch.zeros(0, self.vocab_size, device=self.device)
+        drafts, q, self.q_flags = propose_checked(self.drafter, self.context, gamma_round, self.config.to_probs,
+                                                  self.generator, self.device, self.vocab_size)
+        return drafts, q
+
+    def verify(self, drafts: torch.Tensor) -> torch.Tensor:
+        """Logits ``[γ'+1, V]`` from one target forward over ``[newest] + drafts``."""
+        logits, self.features = target_forward(self.target, torch.cat([self.newest, drafts])[None], self.cache,
+                                               self.with_features)
+        return logits
+
+    def read(self, decision: torch.Tensor, drafts: torch.Tensor, logits: torch.Tensor):
+        """One copy to the host: the decision, the drafts and the error flags; raises on a flag."""
+        flags = torch.cat([~torch.isfinite(logits).all().view(1), self.q_flags]).long()
+        n, next_token, *drafts_and_flags = torch.cat([decision, drafts, flags]).tolist()
+        raise_for_flags(drafts_and_flags[len(drafts):], self.drafter)
+        self.n_drafted, self.n_accepted = len(drafts), n  # host ints, for keep's crop
+        return drafts_and_flags[: len(drafts)], n, next_token
+
+    def keep(self, decision: torch.Tensor) -> None:
+        """Crop the target's cache to ``[newest, x_1..x_n]``: all but the new last token."""
+        n = self.n_accepted
+        kv.crop(self.cache, self.n_drafted - n)
+        if self.with_features:
+            self.drafter.observe(self.features[: n + 1])  # [n+1, d]: the positions the cache kept
+        self.newest = decision[1:]
+
+    def emit(self, new: list[int]) -> None:
+        """Append the round's emitted tokens to the host context."""
+        self.context = torch.cat([self.context, torch.tensor(new, dtype=torch.long)])
+
+
 @torch.no_grad()
 def speculative_generate(
     target,
@@ -163,6 +226,8 @@ def speculative_generate(
     pad_token_id=0,
     accept_fn=None,
     profile=False,
+    compile=False,
+    compile_options=None,
 ) -> GenerationResult:
     """Generate from ``target`` with drafts from ``draft``; the output has the target's distribution.
 
@@ -178,101 +243,49 @@ def speculative_generate(
         generator: ``torch.Generator`` on the target's device, for reproducible sampling.
         eos_token_id: int or list of ints; generation stops right after it, as ``generate`` does.
         accept_fn: the verification rule, ``(p, q, drafts, generator) -> (n, next_token)``;
-            swap in a broken one from ``specdec_edu.controls`` to watch the exactness tests fail.
+            swap in a broken one from ``specdec_edu.course.controls`` to watch the exactness tests fail.
             Default: the rule itself (``verify_drafts``; ``greedy_verify`` when greedy).
         profile: wait for the device at every phase of a round, so that ``stats.phase_seconds``
             and the draft/verify times are exact on a GPU (slower there; free on a CPU).
+        compile: run every target forward (prefill, verify of every width γ' + 1) through
+            ``torch.compile``'d code on a static cache (``kv.forward_padded``); same output.
+            Compiles the target only: for a compiled draft, pass
+            ``ModelDrafter(draft, static_cache=True, compile=True)``. Off by default: compiling
+            takes seconds to minutes and pays off only over many tokens, mostly on a GPU (on a
+            CPU it does not). A batch, or a drafter that reads the target's features, runs
+            eager (with a warning).
+        compile_options: keyword arguments for ``torch.compile`` (e.g. ``{"mode": "reduce-overhead"}``
+            for CUDA graphs); see ``kv.new_static_cache``.
 
     Generation stops at EOS, at ``max_new_tokens``, or when the sequence fills the target's
-    ``max_position_embeddings``; ``result.stats.stopped_by`` says which.
+    ``max_position_embeddings``; ``result.stats.stopped_by`` says which. What each timer in
+    ``result.stats`` measures is in ``GenerationStats``'s docstring.
     """
     if gamma < 1:
         raise ValueError(f"gamma={gamma}: draft at least 1 token per round (typical values: 3–8).")
+    config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k,
+                              top_p=top_p, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
     drafter = as_drafter(draft, target)
-    ids, mask, to_probs, eos = _prepare(target, input_ids, attention_mask, max_new_tokens, do_sample, temperature, top_k, top_p,
-                                        generator, eos_token_id)
+    check_drafter_target(drafter, target)
+    ids, mask = validate_prompts(target, input_ids, attention_mask, generator)
+    compile = eager_because(compile, "only single prompts are compiled, not batches" if ids.shape[0] > 1 else
+                            "the target's features (for this drafter) are not compiled" if wants_features(drafter) else None)
     if ids.shape[0] > 1:
-        if not isinstance(drafter, ModelDrafter):
-            raise ValueError("batched speculative decoding needs a draft model; run a drafter object "
-                             "(e.g. prompt lookup, EAGLE, Medusa) one prompt at a time.")
-        return batched_speculative_generate(
-            target, drafter.model, ids, mask, max_new_tokens=max_new_tokens, gamma=gamma, to_probs=to_probs,
-            generator=generator, eos=eos, accept_fn=accept_fn, pad_token_id=pad_token_id, max_pos=max_positions(target),
-        )
-    if hasattr(drafter, "reset"):  # a new generation: no draft cache or γ schedule carried over from the last one
-        drafter.reset()
+        return batched_speculative_generate(target, drafter, ids, mask, config, gamma=gamma, generator=generator,
+                                            accept_fn=accept_fn, profile=profile)
+    reset_drafter(drafter)  # a new generation: no draft cache or γ schedule carried over from the last one
     prompt = ids[0][mask[0].bool()]  # one row: just drop its padding
-    device, vocab_size, max_pos = prompt.device, head_rows(target), max_positions(target)
-    stats, sources, clock = GenerationStats(), [], PhaseClock(device, profile)
-
-    def decide(logits, q, drafts) -> torch.Tensor:
-        """``[2]`` = (n_accepted, next_token), left on the device."""
-        if accept_fn is not None:  # a rule under test (e.g. a broken control): p from the logits, then the rule
-            decision = accept_fn(to_probs(logits), q, drafts, generator)
-            return torch.stack([torch.as_tensor(v, device=device) for v in decision])
-        if not do_sample:  # temperature 0: the rule is a comparison of argmaxes (no softmax, no random numbers)
-            return greedy_verify(logits, drafts)
-        return verify_drafts(to_probs(logits), q, drafts, generator)
-
-    # A drafter with .observe(features) is shown the target's hidden state at every position the
-    # target's cache keeps: the prompt (prefill), then [last] + accepted drafts after each round.
-    with_features = hasattr(drafter, "observe")
-    cache = kv.new_cache(target)
-    if len(prompt) > 1:  # prefill: the target's cache holds every token except the last one
-        if with_features:
-            drafter.observe(target_forward(target, prompt[None, :-1], cache, True)[1])
-        else:
-            kv.forward(target, prompt[None, :-1], cache, logits_to_keep=1)
-    stats.prefill_seconds = clock.lap()
-    context, last = prompt.cpu(), prompt[-1:]  # context on the host; `last` (on the device) is not cached yet
-    output: list[int] = []
-
-    while not stats.stopped_by:
-        # γ for this round: the round adds up to γ + 1 tokens, within max_new_tokens and max positions.
-        room = max_new_tokens - stats.new_tokens
-        if max_pos is not None:
-            room = min(room, max_pos - len(context))
-        g = min(gamma, room - 1)
-
-        # 1. Draft: up to γ cheap guesses (γ forwards of a draft model, or a lookup), with their q.
-        if g > 0:
-            drafts, q, q_flags = propose_checked(drafter, context, g, to_probs, generator, device, vocab_size)
-        else:
-            drafts, q = prompt[:0], torch.zeros(0, vocab_size, device=device)
-            q_flags = torch.zeros(2, dtype=torch.bool, device=device)
-        draft_time = clock.lap()
-        # 2. Verify: ONE target forward over [last token] + drafts gives p at γ' + 1 positions.
-        logits, features = target_forward(target, torch.cat([last, drafts])[None], cache, with_features)  # [γ'+1, V]
-        forward_time = clock.lap()
-        # 3. Decide (on the device): how many drafts survive, and the target's own next token.
-        decision = decide(logits, q, drafts)  # [2] = (n_accepted, next_token)
-        flags = torch.cat([~torch.isfinite(logits).all().view(1), q_flags]).long()
-        # 4. The round's one device→host sync: the decision, the drafts and the error flags together.
-        n, next_token, *rest = torch.cat([decision, drafts, flags]).tolist()
-        raise_for_flags(rest[len(drafts):], drafter)
-        decide_time = clock.lap()
-        # 5. Roll back: the cache keeps [last] + accepted drafts, i.e. all but the new last token.
-        kv.crop(cache, len(drafts) - n)
-        if with_features:
-            drafter.observe(features[: n + 1])  # [n+1, d]: the positions the cache kept
-        crop_time = clock.lap()
-
-        new, hit_eos = cut_at_eos(rest[:n] + [next_token], eos)
-        output += new
-        context, last = torch.cat([context, torch.tensor(new)]), decision[1:]
-        emitted_accepted = min(n, len(new))  # drafts cut off after an EOS were never emitted
-        ended = "target" if len(drafts) == 0 else "bonus" if n == len(drafts) else "corrected"
-        sources += ["accepted"] * emitted_accepted + [ended] * (len(new) - emitted_accepted)
-
-        stats.record_round(drafted=len(drafts), accepted=emitted_accepted, emitted=len(new),
-                           rejected=ended == "corrected" and len(new) > n,
-                           phases=dict(draft=draft_time, verify_forward=forward_time, accept_resample=decide_time,
-                                       cache_crop=crop_time), profile=profile)
-        stats.stopped_by = stop_reason(stats.new_tokens, len(context), hit_eos, max_new_tokens, max_pos)
-
-    stats.seconds = stats.prefill_seconds + stats.draft_seconds + stats.verify_seconds
-    return GenerationResult(prompt[None], [output], pad_token_id=pad_token_id,
-                            stats=stats, row_stats=[stats], token_sources=[sources])
+    max_pos, clock = max_positions(target), PhaseClock(prompt.device, profile)
+    cache = target_cache(target, compile, compile_options, len(prompt) + max_new_tokens + gamma)
+    loop = OnePrompt(target, drafter, prompt, config, generator, cache)
+    row = RoundRecorder(len(prompt), max_new_tokens=max_new_tokens, eos=config.eos, max_pos=max_pos, clock=clock)
+    loop.prefill()
+    row.stats.prefill_seconds = clock.lap()
+    while not row.stats.stopped_by:
+        drafts, n, next_token, phases = speculative_round(loop, round_gamma(gamma, [row]), config, accept_fn, generator, clock)
+        loop.emit(row.add(drafts, n, next_token, phases))
+    return GenerationResult(prompt[None], [row.tokens], pad_token_id=pad_token_id, stats=row.stats, row_stats=[row.stats],
+                            token_sources=[row.sources])
 
 
 @torch.no_grad()
@@ -289,37 +302,41 @@ def autoregressive_generate(
     eos_token_id=None,
     attention_mask=None,
     pad_token_id=0,
+    compile=False,
+    compile_options=None,
 ) -> GenerationResult:
-    """The baseline: one target forward per token, same sampling code as ``speculative_generate``."""
-    ids, mask, to_probs, eos = _prepare(target, input_ids, attention_mask, max_new_tokens, do_sample, temperature, top_k, top_p,
-                                        generator, eos_token_id)
+    """The baseline: one target forward per token, same sampling code as ``speculative_generate``.
+
+    ``compile``/``compile_options``: as in ``speculative_generate`` (compiled prefill and one-token
+    steps on a static cache), so that the baseline is as fast as the speculative run it is compared with."""
+    config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k,
+                              top_p=top_p, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
+    ids, mask = validate_prompts(target, input_ids, attention_mask, generator)
+    compile = eager_because(compile, "only single prompts are compiled, not batches" if ids.shape[0] > 1 else None)
     if ids.shape[0] > 1:
-        return batched_autoregressive_generate(
-            target, ids, mask, max_new_tokens=max_new_tokens, to_probs=to_probs, generator=generator, eos=eos,
-            pad_token_id=pad_token_id, max_pos=max_positions(target),
-        )
+        return batched_autoregressive_generate(target, ids, mask, config, generator=generator)
     prompt = ids[0][mask[0].bool()]
     max_pos, stats, clock = max_positions(target), GenerationStats(), PhaseClock(prompt.device, False)
     new: list[int] = []
-    cache = kv.new_cache(target)
+    cache = target_cache(target, compile, compile_options, len(prompt) + max_new_tokens)
     logits = kv.forward(target, prompt[None], cache, logits_to_keep=1).logits[0, -1]  # prefill → first next-token logits
     while True:
-        token = logits.argmax() if not do_sample else sample(to_probs(logits), generator)
+        token = logits.argmax() if not do_sample else sample(config.to_probs(logits), generator)
         token_id, finite = torch.stack([token, torch.isfinite(logits).all().long()]).tolist()  # one sync per token
         if not finite:
             raise nonfinite_logits_error("target")
         new.append(token_id)
-        if not stats.rounds:
+        if not stats.rounds:  # the prefill's forward made the first token
             stats.prefill_seconds = clock.lap()
-        stats.stopped_by = stop_reason(len(new), len(prompt) + len(new), token_id in eos, max_new_tokens, max_pos)
+        stats.stopped_by = stop_reason(len(new), len(prompt) + len(new), token_id in config.eos, max_new_tokens, max_pos)
         if stats.stopped_by:
             break
         logits = kv.forward(target, token.view(1, 1), cache).logits[0, -1]  # one forward, one new token
         stats.rounds += 1
         stats.tokens_per_round.append(1)
         stats.verify_seconds += clock.lap()
-    stats.verify_seconds += clock.lap()
+    stats.verify_seconds += clock.lap()  # the last token's sampling and read
     stats.new_tokens = len(new)
-    stats.seconds = stats.prefill_seconds + stats.verify_seconds
+    stats.seconds = clock.elapsed()
     return GenerationResult(prompt[None], [new], pad_token_id=pad_token_id, stats=stats, row_stats=[stats],
                             token_sources=[["target"] * len(new)])

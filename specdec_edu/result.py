@@ -22,6 +22,22 @@ class GenerationStats:
 
     Counters count what was *emitted*: drafts accepted but cut off after an EOS
     are not counted as accepted, so ``token_sources.count("accepted") == accepted``.
+
+    Times (the same meaning in the single-prompt and the batched loop):
+
+    - ``seconds``: wall time of the whole generation, from the start of the prompt pass to
+      the end of the last round (for a batch row: the last round it took part in);
+    - ``prefill_seconds``: the target's pass over the prompt (and showing its features to a
+      feature drafter; target-only: and sampling the first token, which that pass predicts);
+    - ``draft_seconds``: drafting, i.e. the drafter's ``propose`` and its checks (batched:
+      the draft model's forwards, including catching up on the last round's tokens);
+    - ``verify_seconds``: the target's verify forward, the accept rule, and the round's one
+      device→host read (target-only: the forward, the sampling and the read of each token);
+    - ``bookkeeping_seconds``: the rest: rolling the caches back, showing features to the
+      drafter, recording the round, stop checks.
+
+    On a GPU without ``profile=True`` a phase's clock is read without waiting for the device,
+    so queued work is counted where the next wait happens (the round's read, in verify).
     """
 
     new_tokens: int = 0
@@ -30,17 +46,24 @@ class GenerationStats:
     accepted: int = 0  # draft tokens accepted and emitted
     rejected_rounds: int = 0  # rounds whose rejection (and corrected token) was emitted
     stopped_by: str = ""  # EOS, MAX_NEW_TOKENS or MAX_POSITIONS
-    seconds: float = 0.0  # everything, prefill included
+    seconds: float = 0.0  # wall time of the whole generation, prefill included
     prefill_seconds: float = 0.0  # the target's pass over the prompt
-    draft_seconds: float = 0.0
-    verify_seconds: float = 0.0  # target forwards after the prefill (+ accept/resample)
+    draft_seconds: float = 0.0  # the drafter's work
+    verify_seconds: float = 0.0  # target verify forwards + accept rule + the one read per round
+    # Per round (for a batch: one entry per row per round, as in ``pooled``).
     drafted_per_round: list[int] = field(default_factory=list)
     accepted_per_round: list[int] = field(default_factory=list)
+    rejected_per_round: list[bool] = field(default_factory=list)  # was the round's rejection emitted?
     tokens_per_round: list[int] = field(default_factory=list)
     draft_seconds_per_round: list[float] = field(default_factory=list)
     verify_seconds_per_round: list[float] = field(default_factory=list)
     # Filled with profile=True only: {"draft", "verify_forward", "accept_resample", "cache_crop"} → seconds per round.
     phase_seconds: dict[str, list[float]] = field(default_factory=dict)
+
+    COUNTERS = ("new_tokens", "rounds", "drafted", "accepted", "rejected_rounds")
+    TIMES = ("seconds", "prefill_seconds", "draft_seconds", "verify_seconds")
+    PER_ROUND = ("drafted_per_round", "accepted_per_round", "rejected_per_round", "tokens_per_round")
+    TIMES_PER_ROUND = ("draft_seconds_per_round", "verify_seconds_per_round")
 
     @classmethod
     def pooled(cls, many: list[GenerationStats]) -> GenerationStats:
@@ -48,11 +71,9 @@ class GenerationStats:
         α, τ and c are computed once, from totals, the same way everywhere."""
         total = cls()
         for s in many:
-            for name in ("new_tokens", "rounds", "drafted", "accepted", "rejected_rounds",
-                         "seconds", "prefill_seconds", "draft_seconds", "verify_seconds"):
+            for name in cls.COUNTERS + cls.TIMES:
                 setattr(total, name, getattr(total, name) + getattr(s, name))
-            for name in ("drafted_per_round", "accepted_per_round", "tokens_per_round",
-                         "draft_seconds_per_round", "verify_seconds_per_round"):
+            for name in cls.PER_ROUND + cls.TIMES_PER_ROUND:
                 getattr(total, name).extend(getattr(s, name))
             for phase, times in s.phase_seconds.items():
                 total.phase_seconds.setdefault(phase, []).extend(times)
@@ -60,25 +81,44 @@ class GenerationStats:
         total.stopped_by = reasons.pop() if len(reasons) == 1 else "mixed"
         return total
 
-    def record_round(self, *, drafted: int, accepted: int, emitted: int, rejected: bool,
-                     phases: dict[str, float], profile: bool) -> None:
-        """Add one round: ``phases`` = seconds of "draft", "verify_forward", "accept_resample", "cache_crop"."""
-        verify = phases["verify_forward"] + phases["accept_resample"] + phases["cache_crop"]
+    @classmethod
+    def of_batch(cls, rows: list[GenerationStats], batch_clock: GenerationStats) -> GenerationStats:
+        """A batch's stats: what its rows drafted, accepted and emitted (``pooled``: the per-round lists
+        hold one entry per row per round), with the batch's own rounds (target forwards) and times."""
+        total = cls.pooled(rows)
+        for name in ("rounds",) + cls.TIMES + cls.TIMES_PER_ROUND + ("phase_seconds",):
+            setattr(total, name, getattr(batch_clock, name))
+        return total
+
+    def record_round(self, *, drafted: int, accepted: int, emitted: int, rejected: bool) -> None:
+        """Count one round: ``drafted`` drafts proposed, ``accepted`` of them emitted, ``emitted`` new tokens
+        in all, and whether the round ended in an (emitted) rejection."""
         self.rounds += 1
         self.drafted += drafted
         self.accepted += accepted
         self.rejected_rounds += rejected
         self.new_tokens += emitted
-        self.draft_seconds += phases["draft"]
-        self.verify_seconds += verify
         self.drafted_per_round.append(drafted)
         self.accepted_per_round.append(accepted)
+        self.rejected_per_round.append(rejected)
         self.tokens_per_round.append(emitted)
+
+    def record_times(self, phases: dict[str, float], profile: bool) -> None:
+        """Add one round's seconds: ``phases`` = "draft", "verify_forward", "accept_resample" (the rule and
+        the read), "cache_crop" (bookkeeping: counted in ``seconds`` only)."""
+        verify = phases["verify_forward"] + phases["accept_resample"]
+        self.draft_seconds += phases["draft"]
+        self.verify_seconds += verify
         self.draft_seconds_per_round.append(phases["draft"])
         self.verify_seconds_per_round.append(verify)
         if profile:  # per-phase times are only trustworthy on a GPU when the clock waited for the device
             for phase, seconds in phases.items():
                 self.phase_seconds.setdefault(phase, []).append(seconds)
+
+    @property
+    def bookkeeping_seconds(self) -> float:
+        """Wall time outside the prefill, drafting and verifying: cache rollbacks, recording, stop checks."""
+        return self.seconds - self.prefill_seconds - self.draft_seconds - self.verify_seconds
 
     @property
     def alpha(self) -> float:
@@ -98,9 +138,12 @@ class GenerationStats:
         return [a / j if j else float("nan") for a, j in zip(accepted, judged)]
 
     def _judged_and_accepted(self, gamma: int) -> tuple[list[int], list[int]]:
+        # A round's drafts 1..n were accepted; draft n+1 was judged (and rejected) only if the round's
+        # rejection was emitted: drafts cut off by an EOS were never judged, as in ``alpha``.
+        rejected = self.rejected_per_round or [n < d for d, n in zip(self.drafted_per_round, self.accepted_per_round)]
         judged, accepted = [0] * gamma, [0] * gamma
-        for drafted, n in zip(self.drafted_per_round, self.accepted_per_round):
-            for i in range(min(drafted, n + 1, gamma)):  # positions 1..n were accepted, n+1 rejected (if drafted)
+        for n, was_rejected in zip(self.accepted_per_round, rejected):
+            for i in range(min(n + was_rejected, gamma)):
                 judged[i] += 1
                 accepted[i] += i < n
         return judged, accepted
@@ -131,6 +174,47 @@ class GenerationStats:
     @property
     def target_seconds_per_forward(self) -> float:
         return self.verify_seconds / self.rounds if self.rounds else float("nan")
+
+
+class RoundRecorder:
+    """One row's output as it grows (its tokens, where each came from, its stats), round by round.
+
+    Both loops (one prompt; a batch, one recorder per row) hand every round to :meth:`add`,
+    so a round is counted the same way everywhere.
+    """
+
+    def __init__(self, prompt_length: int, *, max_new_tokens: int, eos: frozenset[int], max_pos: int | None,
+                 clock: PhaseClock):
+        self.tokens: list[int] = []
+        self.sources: list[str] = []  # one label per token (see GenerationResult.token_sources)
+        self.stats = GenerationStats()
+        self.length = prompt_length  # prompt + output: the positions the target must be able to read
+        self.max_new_tokens, self.eos, self.max_pos, self.clock = max_new_tokens, eos, max_pos, clock
+
+    @property
+    def room(self) -> int:
+        """How many more tokens this row may emit (within max_new_tokens and the position limit)."""
+        room = self.max_new_tokens - len(self.tokens)
+        return room if self.max_pos is None else min(room, self.max_pos - self.length)
+
+    def add(self, drafts: list[int], n: int, next_token: int, phases: dict[str, float]) -> list[int]:
+        """Emit the round's accepted drafts ``drafts[:n]`` and the target's ``next_token``, up to an EOS.
+
+        ``phases``: the round's seconds (see ``GenerationStats.record_times``). Returns the emitted tokens.
+        """
+        new, hit_eos = cut_at_eos(drafts[:n] + [next_token], self.eos)
+        accepted = min(n, len(new))  # drafts cut off after an EOS were never emitted (nor judged)
+        final_label = "target" if not drafts else "bonus" if n == len(drafts) else "corrected"
+        self.tokens += new
+        self.sources += ["accepted"] * accepted + [final_label] * (len(new) - accepted)
+        self.length += len(new)
+        self.stats.record_round(drafted=len(drafts), accepted=accepted, emitted=len(new),
+                                rejected=final_label == "corrected" and len(new) > n)
+        self.stats.record_times(phases, self.clock.profile)
+        self.stats.stopped_by = stop_reason(len(self.tokens), self.length, hit_eos, self.max_new_tokens, self.max_pos)
+        if self.stats.stopped_by:
+            self.stats.seconds = self.clock.elapsed()
+        return new
 
 
 class GenerationResult:
@@ -201,7 +285,7 @@ def stop_reason(n_new: int, length: int, hit_eos: bool, max_new_tokens: int, max
 
 
 class PhaseClock:
-    """Wall-clock time of each phase of a round.
+    """Wall-clock time of each phase of a round, and of the whole generation (``elapsed``).
 
     GPUs run queued work asynchronously, so a clock read without waiting measures only
     how long it took to *queue* the work. ``profile=True`` waits for the device at every
@@ -211,7 +295,13 @@ class PhaseClock:
 
     def __init__(self, device: torch.device, profile: bool):
         self.device, self.profile = device, profile
-        self.last = time.perf_counter()
+        self.start = self.last = time.perf_counter()
+
+    def elapsed(self) -> float:
+        """Seconds since the clock was made (waits for the device under ``profile``)."""
+        if self.profile:
+            sync(self.device)
+        return time.perf_counter() - self.start
 
     def lap(self) -> float:
         """Seconds since the previous lap."""

@@ -10,6 +10,8 @@ reduces to "accept the draft token iff it equals the target's argmax".
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 
@@ -86,3 +88,41 @@ def check_generator(generator: torch.Generator | None, device: torch.device) -> 
             f"the torch.Generator is on {generator.device.type} but the tensors are on {device.type}: "
             f"create it with torch.Generator(device='{device.type}').manual_seed(seed)."
         )
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """How tokens are picked and when generation stops, in the spirit of HF's ``GenerationConfig``.
+
+    ``speculative_generate`` and ``autoregressive_generate`` build one from their keyword
+    arguments (and validate it here, once); the loops read everything from it.
+    """
+
+    max_new_tokens: int
+    do_sample: bool = False  # False: greedy (temperature 0), as in HF generate(do_sample=False)
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    eos_token_id: int | list[int] | tuple[int, ...] | None = None
+    pad_token_id: int = 0
+
+    def __post_init__(self):
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={self.max_new_tokens}: ask for at least 1 new token.")
+        check_sampling_args(self.temperature, self.top_k, self.top_p)
+
+    @property
+    def eos(self) -> frozenset[int]:
+        """The token ids that end a sequence (generation stops right after one)."""
+        if self.eos_token_id is None:
+            return frozenset()
+        return frozenset([self.eos_token_id] if isinstance(self.eos_token_id, int) else self.eos_token_id)
+
+    def to_probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """``[..., V]`` logits → the probabilities both p and q are drawn from (greedy: one-hot at the argmax).
+
+        No NaN check here (it would cost a device sync per call): the loops check the
+        target's logits once per round instead.
+        """
+        temperature = self.temperature if self.do_sample else 0.0
+        return logits_to_probs(logits, temperature=temperature, top_k=self.top_k, top_p=self.top_p, check_finite=False)

@@ -118,7 +118,7 @@ def output_distribution(p, q, resample=None) -> torch.Tensor:
     normalize(max(0, p − q)). For the correct rule the two parts add up to p, whatever q is.
     ``p``, ``q`` (and ``resample``) are weights over the last axis (normalised here), so
     a batch of rows ``[N, V]`` works too. ``resample=p`` gives what the broken
-    :func:`specdec_edu.controls.resample_from_target` emits: a negative control.
+    :func:`specdec_edu.course.controls.resample_from_target` emits: a negative control.
     """
     p, q = as_distribution(p), as_distribution(q)
     accepted = q * acceptance_probability(p, q)

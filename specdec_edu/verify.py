@@ -86,18 +86,18 @@ def verify_drafts(
 
 
 def greedy_verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor) -> torch.Tensor:
-    """The rule at temperature 0, on the device: ``[2]`` = (n_accepted, next_token).
+    """The rule at temperature 0, on the device: ``[..., 2]`` = (n_accepted, next_token).
 
     Greedy p is one-hot at the target's argmax, so min(1, p/q) is 1 for the argmax and
     0 for anything else, and the residual max(0, p − q) is one-hot at the argmax too,
     *whatever q is*. The rule therefore reduces to: keep drafts while they equal the
     target's argmax, then emit the argmax. No softmax, no random numbers.
-    Shapes: target_logits ``[γ+1, V]``, draft_tokens ``[γ]``.
+    Shapes: target_logits ``[..., γ+1, V]``, draft_tokens ``[..., γ]`` (``...``: one prompt, or B rows).
     """
-    choice = target_logits.argmax(-1)  # [γ+1] the target's greedy token at every position
-    matches = (draft_tokens == choice[:-1]).long()
-    n_accepted = matches.cumprod(0).sum()
-    return torch.stack([n_accepted, choice.index_select(0, n_accepted.view(1))[0]])
+    choice = target_logits.argmax(-1)  # [..., γ+1] the target's greedy token at every position
+    matches = (draft_tokens == choice[..., :-1]).long()
+    n_accepted = matches.cumprod(-1).sum(-1)  # [...]
+    return torch.stack([n_accepted, choice.gather(-1, n_accepted[..., None])[..., 0]], -1)
 
 
 def accept_and_resample(

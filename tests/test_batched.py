@@ -65,7 +65,7 @@ def test_batched_sampling_follows_target(small_vocab_pair):
 
 def test_batched_negative_control_is_rejected(small_vocab_pair):
     """Same batched test with the always-accept rule: must fail."""
-    from specdec_edu.controls import accept_always
+    from specdec_edu.course.controls import accept_always
 
     target, draft = small_vocab_pair
     settings = SETTINGS[0]

@@ -1,29 +1,33 @@
-"""The benchmark harness at a tiny size. No timing assertions: times are noise on a shared CPU. What is
-checked is that every number the bench *derives* (medians, ratios, α, τ, the prediction) follows from
-what it measured, and that every method produced the same tokens."""
+"""The benchmark harness at a tiny size. No timing assertions: times are noise on a shared CPU. The clock is
+replaced by a fake one where the numbers matter, so that tokens/s, medians and ratios are checked against
+numbers worked out by hand; α, τ and the prediction must follow from what was measured, and every method
+must produce the same tokens."""
 
 import argparse
 import copy
 import json
-import statistics
+import types
 
 import pytest
 import torch
 from conftest import perturbed_copy
 
 from specdec_edu import speculative_generate
-from specdec_edu.bench import (
+from specdec_edu.commands.bench import (
     CHAT_PROMPTS,
+    MethodResult,
     add_arguments,
     format_batch_table,
     format_table,
     left_padded_batch,
     main,
+    method_result,
     plot_result,
     run_batch_sweep,
     run_bench,
     save_json,
 )
+from specdec_edu.course import experiments
 from specdec_edu.drafters import PromptLookupDrafter
 from specdec_edu.result import GenerationStats
 from specdec_edu.theory import expected_speedup
@@ -34,13 +38,32 @@ def our_pooled_stats(target, drafter, inputs, **kw):
     return GenerationStats.pooled([speculative_generate(target, drafter, ids, **kw).stats for ids in inputs])
 
 
-def check_summary(result, methods, gamma, repeats):
-    """Every number the bench derives must follow from what it measured."""
+@pytest.fixture
+def one_second_per_call(monkeypatch):
+    """The benchmark's clock advances by exactly 1 s between two readings: every timed call lasts 1 s."""
+    ticks = iter(range(10**6))
+    monkeypatch.setattr(experiments, "time", types.SimpleNamespace(perf_counter=lambda: float(next(ticks))))
+
+
+def test_tokens_per_second_and_medians_from_hand_made_runs():
+    """Two prompts per repeat: ((new tokens, stats), seconds). Repeat tok/s = all tokens / all seconds."""
+    repeats = [
+        [(([1, 2, 3], "s1"), 1.0), (([4], "s2"), 1.0)],  # 4 tokens in 2 s: 2 tok/s
+        [(([1, 2, 3], "s1"), 0.25), (([4], "s2"), 0.25)],  # 4 tokens in 0.5 s: 8 tok/s
+        [(([1, 2, 3], "s3"), 2.0), (([4, 5], "s4"), 3.0)],  # 5 tokens in 5 s: 1 tok/s (not (1.5 + 0.67) / 2)
+    ]
+    result = method_result("m", repeats)
+    assert result.tokens_per_second == [2.0, 8.0, 1.0]
+    assert result.median == 2.0  # the mean would be 3.67
+    assert result.outputs == [[1, 2, 3], [4, 5]] and result.stats == ["s3", "s4"]  # the last repeat's
+    assert MethodResult("n", tokens_per_second=[5.0, 1.0, 4.0, 100.0]).median == 4.5
+
+
+def check_summary(result, methods, gamma, repeats, tok_s):
+    """Every number the bench derives must follow from what it measured (``tok_s``: worked out by hand)."""
     # Greedy decoding: every method ran and gave the same tokens as our target-only decoding.
     assert result["identical_outputs"] == dict.fromkeys(methods, True)
-    per_repeat = result["tok_s_per_repeat"]
-    assert set(per_repeat) == set(methods) and all(len(v) == repeats for v in per_repeat.values())
-    tok_s = {name: statistics.median(v) for name, v in per_repeat.items()}
+    assert result["tok_s_per_repeat"] == {name: [tok_s[name]] * repeats for name in methods}
     assert result["tok_s"] == tok_s
     assert result["target_only_tok_s"] == tok_s["target_only"] and result["speculative_tok_s"] == tok_s["speculative"]
     assert result["speedup"] == tok_s["speculative"] / tok_s["target_only"]
@@ -59,12 +82,12 @@ def closer_draft(target):
     return perturbed_copy(target, noise=0.1, seed=2)
 
 
-def test_bench_model_drafter(tmp_path, target, closer_draft):
+def test_bench_model_drafter(tmp_path, target, closer_draft, one_second_per_call):
     inputs = [torch.tensor([[1, 2, 3, 4]]), torch.tensor([[9, 8, 7]])]
-    # 3 repeats: a median of 3 is not their mean (with 2 it would be)
     result = run_bench(target, closer_draft, inputs, drafter="model", gamma=3, max_new_tokens=12, repeats=3, progress=False)
     methods = ["target_only", "hf_target_only", "speculative", "hf_assisted", "hf_assisted_default"]
-    tok_s = check_summary(result, methods, gamma=3, repeats=3)
+    # no EOS: 2 prompts × 12 new tokens in 2 (fake) seconds, for every method and repeat
+    tok_s = check_summary(result, methods, gamma=3, repeats=3, tok_s=dict.fromkeys(methods, 12.0))
     assert result["hf_assisted_tok_s"] == tok_s["hf_assisted"]
     assert result["hf_assisted_default_tok_s"] == tok_s["hf_assisted_default"]
     assert result["speculative_vs_hf_assisted"] == tok_s["speculative"] / tok_s["hf_assisted"]
@@ -85,12 +108,14 @@ def test_bench_model_drafter(tmp_path, target, closer_draft):
     assert f"α = {pooled.alpha:.3f}" in table
 
 
-def test_bench_prompt_lookup(target):
+def test_bench_prompt_lookup(target, one_second_per_call):
     inputs = [torch.tensor([[5, 6, 7, 5, 6, 7, 5, 6]])]
     # an explicit EOS: HF's prompt lookup in transformers 4.56 fails when eos_token_id is None
     result = run_bench(target, None, inputs, eos_token_id=63, drafter="prompt-lookup", gamma=4, max_new_tokens=10, repeats=1,
                        progress=False)
-    tok_s = check_summary(result, ["target_only", "hf_target_only", "speculative", "hf_prompt_lookup"], gamma=4, repeats=1)
+    methods = ["target_only", "hf_target_only", "speculative", "hf_prompt_lookup"]
+    # one prompt, 10 new tokens (EOS 63 does not come up) in 1 (fake) second
+    tok_s = check_summary(result, methods, gamma=4, repeats=1, tok_s=dict.fromkeys(methods, 10.0))
     assert result["hf_prompt_lookup_tok_s"] == tok_s["hf_prompt_lookup"]
     assert result["speculative_vs_hf_prompt_lookup"] == tok_s["speculative"] / tok_s["hf_prompt_lookup"]
     pooled = our_pooled_stats(target, PromptLookupDrafter(), inputs, max_new_tokens=10, gamma=4, eos_token_id=63)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdec_edu.embedded import PAIRS, default_pair
+from specdec_edu.models.embedded import PAIRS, default_pair
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
 

@@ -5,7 +5,7 @@ test_sequence_exactness.py; the differential one: test_hf_differential.py.)"""
 import pytest
 import torch
 
-from specdec_edu.controls import (
+from specdec_edu.course.controls import (
     BROKEN_RULES,
     MisreportedQDrafter,
     accept_always,

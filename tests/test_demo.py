@@ -1,18 +1,20 @@
 """Tests for ``python -m specdec_edu demo``.
 
-The demo logic (:func:`specdec_edu.demo.run_demo`) takes models as arguments, so most tests
+The demo logic (:func:`specdec_edu.commands.demo.run_demo`) takes models as arguments, so most tests
 run it on tiny random models with a character-level tokenizer: seconds, no downloads.
 """
 
 from __future__ import annotations
 
 import io
+import types
 
 import pytest
 import torch
 
 from specdec_edu import demo
 from specdec_edu.__main__ import build_parser, main
+from specdec_edu.result import GenerationStats
 
 SUMMARY_ROWS = ["target-only tokens/s", "speculative tokens/s", "measured speedup",
                 "α  acceptance rate", "τ  tokens per target forward", "c  draft token / target step",
@@ -36,9 +38,29 @@ def test_demo_on_tiny_models_prints_marked_text_and_summary(tiny_pair, char_toke
     assert "\033[" not in text  # not a tty: plain markers, no colour codes
     for r in reports:
         assert r.identical is True  # greedy speculative == target-only, token for token
-        assert r.speedup > 0 and r.c >= 0 and r.predicted > 0
         assert len(r.speculative.token_sources[0]) == len(r.new_tokens) == r.speculative.stats.new_tokens
     assert "yes" in text.split("identical to target-only")[1]
+
+
+def test_analyse_derives_the_summary_from_hand_made_runs():
+    """Target-only: 10 tokens in 5 s (2 tok/s), 9 steps in 4.5 s (0.5 s a step). Speculative: 10 tokens in
+    2.5 s (4 tok/s), 8 drafts in 0.4 s, 4 verify passes in 2.4 s, 6 accepted, 2 rejections. So speedup 2,
+    c = 0.05 s / 0.5 s = 0.1, verify cost 0.6 s / 0.5 s = 1.2, α = 6 / 8 = 0.75, and at γ = 4 Leviathan gives
+    (1 − 0.75⁵) / (0.25 · (4 · 0.1 + 1)) = 0.7626953125 / 0.35, and with the verify cost / (0.25 · 1.6)."""
+    prompt, new = [1, 2, 3], list(range(10, 20))
+    run = lambda tokens, **stats: types.SimpleNamespace(sequences=torch.tensor([prompt + tokens]),  # noqa: E731
+                                                        stats=GenerationStats(**stats))
+    baseline = run(new, new_tokens=10, seconds=5.0, rounds=9, verify_seconds=4.5)
+    speculative = run(new, new_tokens=10, seconds=2.5, rounds=4, drafted=8, accepted=6, rejected_rounds=2,
+                      draft_seconds=0.4, verify_seconds=2.4)
+    r = demo.analyse("model", "p", torch.tensor([prompt]), baseline, speculative, demo.DemoSettings(gamma=4))
+    assert r.speedup == 2.0
+    assert (r.c, r.verify_cost) == (pytest.approx(0.1), pytest.approx(1.2))
+    assert r.predicted == pytest.approx(0.7626953125 / 0.35)
+    assert r.predicted_with_verify_cost == pytest.approx(0.7626953125 / 0.4)
+    assert r.new_tokens == new and r.identical is True and r.first_difference is None
+    late = run(new[:7] + [0, 0, 0], new_tokens=10, seconds=2.5)
+    assert demo.analyse("model", "p", torch.tensor([prompt]), baseline, late, demo.DemoSettings()).first_difference == 10
 
 
 def test_demo_with_sampling_reports_no_identity_claim(tiny_pair, char_tokenizer):

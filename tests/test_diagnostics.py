@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from specdec_edu import autoregressive_generate
-from specdec_edu.diagnostics import first_divergence
+from specdec_edu.course.diagnostics import first_divergence
 
 PROMPT = torch.tensor([[5, 9, 2, 7]])
 

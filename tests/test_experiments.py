@@ -1,17 +1,21 @@
-"""Tests for specdec_edu.experiments on tiny random models (fast)."""
+"""Tests for specdec_edu.course.experiments on tiny random models (fast)."""
+
+import types
 
 import pytest
 import torch
 
 from specdec_edu import autoregressive_generate, speculative_generate
-from specdec_edu.drafters import ModelDrafter
-from specdec_edu.experiments import (
+from specdec_edu.course import experiments
+from specdec_edu.course.experiments import (
     DynamicGammaDrafter,
     MixtureDrafter,
     ReplayDrafter,
     early_exit_model,
     interleaved_benchmark,
+    timed,
 )
+from specdec_edu.drafters import ModelDrafter
 
 PROMPT = torch.tensor([[1, 5, 9, 3, 7]])
 
@@ -67,6 +71,31 @@ def test_replay_drafter_exact_and_alpha_close_to_dial(target):
         assert out.stats.alpha == pytest.approx(expected, abs=0.12)
 
 
+def test_replay_drafter_q_is_the_dial_and_nothing_crosses_devices(target):
+    """q [γ, V] is exactly (1 − noise)·one_hot(reference) + noise/V, and building it and drawing from it
+    moves no tensor between devices: no .to / .cpu / copy_ (the loop's context is already on the host)."""
+    ref = greedy_reference(target, n=8)
+    vocab, noise = target.config.vocab_size, 0.25
+    d = ReplayDrafter(ref, noise, vocab, device="cpu")
+    moves = []
+
+    class CountMoves(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func in (torch.Tensor.to, torch.Tensor.cpu, torch.Tensor.cuda, torch.Tensor.copy_):
+                moves.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    with CountMoves():
+        tokens, q = d.propose(ref[:7], 3, None, torch.Generator().manual_seed(0))
+    assert moves == []
+    truth = ref[7:10]
+    expected = torch.full((3, vocab), noise / vocab)
+    expected[torch.arange(3), truth] = 1 - noise + noise / vocab
+    assert torch.allclose(q, expected, rtol=0, atol=1e-7)
+    assert tokens.shape == (3,) and (q[torch.arange(3), tokens] > 0).all()  # drawn from q
+    assert tokens.device == q.device == d.device == torch.device("cpu")
+
+
 def test_replay_drafter_off_reference_proposes_nothing(target):
     ref = greedy_reference(target, n=8)
     d = ReplayDrafter(ref, 0.0, target.config.vocab_size)
@@ -112,3 +141,9 @@ def test_interleaved_benchmark_order_and_warmup():
     res = interleaved_benchmark(fns, repeats=2, warmup=1, progress=False)
     assert calls == ["a", "b"] * 3
     assert res == {"a": [1, 1], "b": [2, 2]}
+
+
+def test_timed_returns_the_result_and_the_seconds_between_two_clock_readings(monkeypatch):
+    readings = iter([1.0, 3.5])
+    monkeypatch.setattr(experiments, "time", types.SimpleNamespace(perf_counter=lambda: next(readings)))
+    assert timed(lambda: "out", "cpu") == ("out", 2.5)

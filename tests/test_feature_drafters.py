@@ -1,7 +1,8 @@
-"""Medusa and EAGLE drafters (specdec_edu.feature_drafters) on tiny random models: exactness,
+"""Medusa and EAGLE drafters (specdec_edu.models.feature_drafters) on tiny random models: exactness,
 the feature/token alignment, EAGLE's cache rollback, save/load and load_drafter."""
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -18,8 +19,8 @@ from specdec_edu import (
     feature_drafters,
     speculative_generate,
 )
-from specdec_edu.controls import accept_always
-from specdec_edu.feature_drafters import EagleDrafter, MedusaDrafter, load_drafter
+from specdec_edu.course.controls import accept_always
+from specdec_edu.models.feature_drafters import EagleDrafter, MedusaDrafter, load_drafter
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "train_feature_drafters.py"
 
@@ -306,9 +307,59 @@ def test_load_drafter_errors_and_names(tmp_path, monkeypatch, target):
         asked.append(device)
         return target
 
-    monkeypatch.setattr("specdec_edu.embedded.load_embedded_draft", fake_load_embedded_draft)
+    monkeypatch.setattr("specdec_edu.models.embedded.load_embedded_draft", fake_load_embedded_draft)
     drafter = load_drafter("draft", target)
     assert isinstance(drafter, ModelDrafter) and drafter.model is target and asked == [target.device]
+
+
+# ---- bound to the target they were trained on ------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle"])
+def test_another_target_is_refused_naming_the_fix(target, kind):
+    """Another hidden size (a raw 'mat1 and mat2 shapes cannot be multiplied' before) and another model of
+    the same shape (before: it ran, reading features it was never trained on) are refused up front, alone
+    and behind prompt lookup. The same model in another object is the same target."""
+    drafter = make(kind, target)
+    for other, reason in [(tiny_llama(seed=0, hidden=32), "hidden size 64, this target has 32"),
+                          (tiny_llama(seed=7), "another model of the same shape")]:
+        for wrapped in (drafter, LookupThenDrafter(drafter)):
+            with pytest.raises(ValueError, match=f"{reason}.*python scripts/train_feature_drafters.py"):
+                speculative_generate(other, wrapped, PROMPTS[5][None], max_new_tokens=5)
+    same = tiny_llama(seed=0)  # the target fixture's weights, rebuilt
+    drafter.check_target(same)
+    same_in_bf16 = same.to(torch.bfloat16)  # the same target (the fingerprint survives the rounding) ...
+    fingerprint = feature_drafters.target_fingerprint
+    assert feature_drafters.fingerprint_mismatch(fingerprint(target), fingerprint(same_in_bf16)) is None
+    with pytest.raises(ValueError, match="in torch.float32, this one is on cpu in torch.bfloat16: load it onto this target"):
+        drafter.check_target(same_in_bf16)  # ... but this drafter's head is its own float32 copy's
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle"])
+def test_saved_drafter_loads_only_onto_its_target(tmp_path, target, kind):
+    make(kind, target).save(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["target"] == feature_drafters.target_fingerprint(target)
+    with pytest.raises(ValueError, match="another model of the same shape"):
+        load_drafter(kind, tiny_llama(seed=7), path=tmp_path)
+    load_drafter(kind, tiny_llama(seed=0), path=tmp_path)  # the same weights in another object: fine
+
+
+@pytest.mark.embedded
+@pytest.mark.parametrize("kind", ["medusa", "eagle"])
+def test_committed_drafters_are_bound_to_the_embedded_target(kind):
+    """assets/<kind>/config.json holds the embedded target's fingerprint; a model with the same shape but
+    other weights (the embedding rows rolled by one) is refused."""
+    from specdec_edu.models.embedded import load_embedded_target
+
+    target = load_embedded_target(device="cpu")
+    assert "weights" in json.loads((feature_drafters.asset_dir(kind) / "config.json").read_text())["target"]
+    drafter = load_drafter(kind, target)
+    other = load_embedded_target(device="cpu")
+    with torch.no_grad():
+        other.get_input_embeddings().weight.copy_(other.get_input_embeddings().weight.roll(1, 0))
+    with pytest.raises(ValueError, match="another model of the same shape"):
+        drafter.check_target(other)
 
 
 # ---- the training script --------------------------------------------------------------------------

@@ -1,6 +1,8 @@
-"""scripts/gpu_check.py at toy size on the CPU: every step runs and the JSON holds what the README table needs.
+"""scripts/gpu_check.py at toy size on the CPU: every section runs and the JSON holds what the README table needs.
 
-No timing assertions: on a CPU at this size Python overhead dominates and speedups are < 1.
+No timing assertions: on a CPU at this size Python overhead dominates and speedups are < 1. What is checked:
+the rows exist for every mode, draft and dial point; fp32 greedy output is the target's, token for token;
+every derived number (bandwidth fraction, prediction, fraction reached) follows from what the run measured.
 """
 
 import importlib.util
@@ -8,8 +10,13 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
+
+from specdec_edu.theory import expected_speedup
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "gpu_check.py"
+TINY = ["--size", "tiny", "--device", "cpu", "--max-new-tokens", "15", "--repeats", "1", "--prompt-length", "16",
+        "--bandwidth-mib", "4"]
 
 
 @pytest.fixture(scope="module")
@@ -20,27 +27,92 @@ def gpu_check():
     return module
 
 
+def check_rows(out, gpu_check, modes):
+    """The rows of a run: one target-only row per mode, one speculative row per (mode, draft, dial point)."""
+    assert [r["mode"] for r in out["target_only"]] == modes == out["compile"]["modes"]
+    assert [r["target"] for r in out["target_only"]] == ["compiled" if "target" in m else "eager" for m in modes]
+    read = out["read_bandwidth"]["bytes_per_s"]
+    for base in out["target_only"]:
+        assert base["weight_bytes"] == 4 * out["target_params"]  # fp32, every parameter once
+        steps_per_s = 1e3 / base["step_ms"]
+        assert base["effective_GB_s"] == pytest.approx(base["weight_bytes"] * steps_per_s / 1e9)
+        assert base["fraction_of_read_bandwidth"] == pytest.approx(base["weight_bytes"] * steps_per_s / read)
+    points = gpu_check.dial_points(4, quick=False)
+    assert points == [(0.2, 4), (0.0, 4), (0.2, 2), (0.2, 6)]
+    expected = [(m, d, p) for m in modes for d in ("1x32", "3x32") for p in points]
+    assert [(r["mode"], r["draft"], (r["noise"], r["gamma"])) for r in out["speculative"]] == expected
+    for row in out["speculative"]:
+        # fp32 greedy: whatever the dial and the mode, the output is the target's own greedy output
+        assert row["divergence"] is None and row["identical_to_target"], row
+        assert row["predicted_speedup"] == pytest.approx(
+            expected_speedup(min(row["alpha"], 0.999999), row["gamma"], row["c"], row["verify_cost"]))
+        assert row["fraction_of_prediction"] == pytest.approx(row["speedup"] / row["predicted_speedup"])
+        assert set(row["round_ms"]) >= {"draft", "verify_forward"}
+        if row["noise"] == 0.0:  # every draft accepted: 15 new tokens in 3 rounds of γ + 1 = 5
+            assert row["alpha"] == 1.0 and row["tau"] == 5.0
+    assert min(r["alpha"] for r in out["speculative"] if r["noise"] == 0.2) < 1.0  # the dial is not ignored
+
+
 def test_gpu_check_runs_at_tiny_size(gpu_check, tmp_path, capsys):
     path = tmp_path / "gpu.json"
-    out = gpu_check.main(["--size", "tiny", "--device", "cpu", "--max-new-tokens", "15", "--repeats", "1",
-                          "--json", str(path)])
+    out = gpu_check.main(TINY + ["--json", str(path)])
     assert json.loads(path.read_text()) == json.loads(json.dumps(out))
     assert list(out["latency_ms"]) == ["1", "2", "4", "8", "16", "32", "64", "128", "256"]
-    assert out["dtype"] == "float32" and out["size"] == "tiny"
-    assert (out["target_params"], out["draft_params"]) == (106_816, 25_696)  # the "tiny" shapes, untied (hand count)
-    assert [r["noise"] for r in out["dial"]] == list(gpu_check.NOISES)
-    for row in out["dial"]:
-        # fp32 greedy: whatever the dial, the output is the target's own greedy output, token for token
-        assert row["divergence"] is None and row["identical_to_target"], row
-    # noise 0: every draft accepted, so the 15 new tokens come in 3 rounds of γ + 1 = 5
-    assert out["dial"][0]["alpha"] == 1.0 and out["dial"][0]["tau"] == 5.0
-    assert out["dial"][-1]["alpha"] < 1.0  # noise 0.6 rejects some (the dial is not ignored)
+    assert out["dtype"] == "float32" and out["size"] == "tiny" and out["head_scale"] == 20.0
+    assert out["target_params"] == 106_816  # the "tiny" shapes, untied (hand count)
+    # a 32-wide layer: q, o 32·32; k, v 32·16 (one kv head of 16); MLP 3·32·64; two norms of 32: 9,280
+    assert out["draft_params"] == {"1x32": 25_696, "3x32": 25_696 + 2 * 9_280}
+    assert out["read_bandwidth"]["buffer_bytes"] == 4 * 2**20
+    assert out["memory_floor_ms"] == pytest.approx(1e3 * 4 * 106_816 / out["read_bandwidth"]["bytes_per_s"])
+    check_rows(out, gpu_check, ["eager"])
     same = out["same_draft"]
     assert same["identical_to_hf"] and same["divergence"] is None and same["hf_divergence"] is None
-    assert set(out["round_ms"]) == {"draft", "verify_forward", "accept_resample", "cache_crop", "draft_per_token"}
+    assert list(out["section_seconds"])[0].startswith("1. read bandwidth")
     printed = capsys.readouterr().out
-    assert "ours / HF" in printed and "5. one round" in printed
+    assert "ours / HF" in printed and "% of the read bandwidth" in printed and "memory floor" in printed
     assert "differs at" not in printed
+
+
+def test_gpu_check_compiled_rows_with_aot_eager(gpu_check, capsys):
+    """--compile: the compiled-draft rows always; the compiled-target rows where the API has compile=, else a note."""
+    out = gpu_check.main(TINY + ["--compile", "--compile-backend", "aot_eager"])
+    assert out["compile"]["options"] == {"backend": "aot_eager"}  # no mode: CUDA graphs need inductor on CUDA
+    if gpu_check.compiled_target_available():
+        check_rows(out, gpu_check, list(gpu_check.MODES))
+        assert out["notes"] == []
+    else:
+        check_rows(out, gpu_check, ["eager", "compiled draft"])
+        assert "skipped 'compiled draft + target'" in out["notes"][0]
+        assert "note: skipped" in capsys.readouterr().out
+
+
+def test_compiled_target_rows_pass_compile_to_both_loops(gpu_check, monkeypatch):
+    """Whether or not the loops take compile= yet: with stand-ins that do (and run eagerly), the
+    "compiled draft + target" rows run, and only they hand compile=True and the options to both loops."""
+    seen = []
+
+    def taking_compile(loop):
+        def run(*args, compile=False, compile_options=None, **kw):
+            seen.append((loop.__name__, compile, compile_options))
+            return loop(*args, **kw)
+        return run
+
+    for name in ("speculative_generate", "autoregressive_generate"):
+        monkeypatch.setattr(gpu_check, name, taking_compile(getattr(gpu_check, name)))
+    out = gpu_check.main(TINY + ["--quick", "--compile", "--compile-backend", "aot_eager", "--max-new-tokens", "10"])
+    assert out["compile"]["modes"] == list(gpu_check.MODES) and out["notes"] == []
+    assert [r["mode"] for r in out["speculative"]] == [m for m in gpu_check.MODES for _ in ("1x32", "3x32")]
+    compiled = {(loop, str(options)) for loop, on, options in seen if on}
+    options = "{'backend': 'aot_eager'}"
+    assert compiled == {("speculative_generate", options), ("autoregressive_generate", options)}
+    assert all(options is None for _, on, options in seen if not on)
+
+
+def test_quick_runs_one_point(gpu_check):
+    assert gpu_check.dial_points(4, quick=True) == [(0.2, 4)]
+    assert gpu_check.dial_points(2, quick=False) == [(0.2, 2), (0.0, 2), (0.2, 4)]  # γ − 2 = 0 is left out
+    args = gpu_check.parse_args(["--quick", "--device", "cpu"])
+    assert (args.max_new_tokens, args.repeats, args.bandwidth_mib) == (48, 1, 64)
 
 
 def test_a_divergence_is_reported_with_its_position_and_margin(gpu_check):
@@ -49,13 +121,31 @@ def test_a_divergence_is_reported_with_its_position_and_margin(gpu_check):
     assert gpu_check.describe(report) == "differs at token 7 (11 → 12; target's top-2 margin 0.0625)"
 
 
-@pytest.mark.parametrize("role, params", [("target", 1_711_376_384), ("draft", 134_515_008)])
-def test_smollm2_size_has_the_real_models_shapes(gpu_check, role, params):
-    """SmolLM2-1.7B and SmolLM2-135M parameter counts (tied embeddings), built on the meta device (no memory)."""
-    spec = gpu_check.SIZES["smollm2"]
-    model = gpu_check.make_model(spec[role], spec["vocab"], "meta", gpu_check.torch.bfloat16, seed=0, tied=spec["tied"])
+@pytest.mark.parametrize("size, role, params", [
+    ("smollm2", "target", 1_711_376_384), ("smollm2", "draft", 134_515_008),  # SmolLM2-1.7B, SmolLM2-135M (tied)
+    ("7b", "target", 6_738_415_616),  # Llama-2-7B
+])
+def test_sizes_have_the_real_models_shapes(gpu_check, size, role, params):
+    """Parameter counts of the real models, built on the meta device (no memory)."""
+    spec = gpu_check.SIZES[size]
+    model = gpu_check.make_model(spec[role], spec["vocab"], "meta", torch.bfloat16, seed=0, tied=spec["tied"])
     assert sum(p.numel() for p in model.parameters()) == params
-    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert (model.lm_head.weight is model.model.embed_tokens.weight) == spec["tied"]
+
+
+def test_7b_runs_both_drafts_at_its_vocabulary(gpu_check):
+    shapes = gpu_check.draft_shapes(gpu_check.SIZES["7b"])
+    assert shapes == {"8x768": (768, 8, 2048, 12, 4), "30x576": (576, 30, 1536, 9, 3)}
+    assert gpu_check.SIZES["7b"]["vocab"] == 32_000
+
+
+def test_sharpen_scales_embedding_and_head_once(gpu_check):
+    for tied in (False, True):
+        model = gpu_check.make_model((8, 1, 16, 2, 1), 32, "cpu", torch.float32, seed=0, tied=tied)
+        embedding, head = model.model.embed_tokens.weight.clone(), model.lm_head.weight.clone()
+        gpu_check.sharpen(model, 20.0)
+        assert torch.equal(model.model.embed_tokens.weight, 20 * embedding)
+        assert torch.equal(model.lm_head.weight, 20 * head)  # tied: one tensor, scaled once (not 400×)
 
 
 def test_cuda_without_a_gpu_is_a_clear_error(gpu_check, monkeypatch):

@@ -25,7 +25,7 @@ import inspect
 import pytest
 import torch
 
-from specdec_edu.controls import BROKEN_RULES
+from specdec_edu.course.controls import BROKEN_RULES
 from specdec_edu.verify import accept_and_resample, greedy_verify
 
 hf_utils = pytest.importorskip("transformers.generation.utils")

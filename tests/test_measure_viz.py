@@ -1,10 +1,11 @@
 import copy
+import types
 
 import torch
 
 from specdec_edu import measure, speculative_generate
-from specdec_edu.measure import cost_ratio, forward_seconds, latency_curve, parameter_bytes
-from specdec_edu.viz import legend, mark_tokens, token_pieces, tokens_html
+from specdec_edu.course.measure import cost_ratio, forward_seconds, latency_curve, parameter_bytes
+from specdec_edu.course.viz import legend, mark_tokens, token_pieces, tokens_html
 
 
 class CharTokenizer:
@@ -22,9 +23,12 @@ def test_forward_seconds_times_every_repeat_at_the_same_context_length(target, m
         return real_forward(model, input_ids, cache, **kw)
 
     monkeypatch.setattr(measure.kv, "forward", spy)
-    seconds = forward_seconds(target, 3, context_length=8, repeats=2, warmup=1)
-    assert isinstance(seconds, float)
-    assert calls == [(8, 0)] + [(3, 8)] * 3  # the prefill, then warm-up + 2 repeats, each on 8 cached positions
+    # the clock is read before each forward and after each timed one: the repeats last 3, 1 and 10 s
+    readings = iter([50.0, 0.0, 3.0, 0.0, 1.0, 0.0, 10.0])
+    monkeypatch.setattr(measure, "time", types.SimpleNamespace(perf_counter=lambda: next(readings)))
+    seconds = forward_seconds(target, 3, context_length=8, repeats=3, warmup=1)
+    assert seconds == 3.0  # the median of the repeats (their mean is 4.67)
+    assert calls == [(8, 0)] + [(3, 8)] * 4  # the prefill, then warm-up + 3 repeats, each on 8 cached positions
 
 
 def test_latency_curve_and_cost_ratio_pass_their_arguments_through(target, draft, monkeypatch):
@@ -65,7 +69,7 @@ def test_feature_drafter_diagram():
     import matplotlib
 
     matplotlib.use("Agg")
-    from specdec_edu.viz import draw_feature_drafters
+    from specdec_edu.course.viz import draw_feature_drafters
 
     fig = draw_feature_drafters()
     titles = [ax.get_title() for ax in fig.axes]
@@ -79,11 +83,12 @@ def test_kv_crop_picture_counts_cells_and_refuses_bad_input():
     import matplotlib.pyplot as plt
     import pytest
 
-    from specdec_edu.viz import draw_kv_crop, kv_crop_rows
+    from specdec_edu.course.viz import draw_kv_crop, kv_crop_rows
 
     rows = kv_crop_rows(prompt_len=10, gamma=4, n_accepted=1)
     assert [rows[m]["cached"] for m in ("before", "verified", "cropped")] == [9, 14, 11]
-    assert rows["verified"]["cells"][10:] == ["accepted", "rejected", "rejected", "rejected", "corrected"]
+    # only the first disagreement is judged and rejected; the drafts after it are never judged
+    assert rows["verified"]["cells"][10:] == ["accepted", "rejected", "unjudged", "unjudged", "corrected"]
     assert rows["cropped"]["cells"][10:] == ["accepted", "corrected"]
     assert kv_crop_rows(3, 2, 2)["cropped"]["cells"][-1] == "bonus"
 
@@ -91,8 +96,10 @@ def test_kv_crop_picture_counts_cells_and_refuses_bad_input():
     gids = [p.get_gid() for p in fig.axes[0].patches]
     count = lambda prefix: sum(g.startswith(prefix) for g in gids)
     assert count("before:pending") == 4 and count("before:context:not cached") == 1
-    assert count("verified:accepted:cached") == 1 and count("verified:rejected:cached") == 3
-    assert count("verified:corrected:not cached") == 1 and count("cropped:rejected") == 0
+    assert count("verified:accepted:cached") == 1 and count("verified:rejected:cached") == 1
+    assert count("verified:unjudged:cached") == 2 and count("verified:corrected:not cached") == 1
+    assert count("cropped:rejected") == 0 and count("cropped:unjudged") == 0
+    assert kv_crop_rows(3, 2, 1)["verified"]["cells"][3:] == ["accepted", "rejected", "corrected"]  # none left unjudged
     assert count("cropped:accepted:cached") == 1 and count("cropped:context") == 4  # 6 context cells hidden
     plt.close(fig)
 
@@ -102,3 +109,10 @@ def test_kv_crop_picture_counts_cells_and_refuses_bad_input():
             draw_kv_crop(*bad)
     with pytest.raises(TypeError, match="gamma must be an int"):
         draw_kv_crop(5, 2.0, 1)
+
+
+def test_read_bandwidth_is_bytes_read_once_over_the_median_time(monkeypatch):
+    """A read-only reduction moves each byte once: 1 MiB in a median of 2 s (after a warm-up) is 2**19 bytes/s."""
+    readings = iter([0.0, 9.0, 0.0, 2.0, 0.0, 1.0, 0.0, 4.0])  # warm-up 9 s, then repeats of 2, 1 and 4 s
+    monkeypatch.setattr(measure, "time", types.SimpleNamespace(perf_counter=lambda: next(readings)))
+    assert measure.read_bandwidth("cpu", n_bytes=2**20, repeats=3) == 2**20 / 2

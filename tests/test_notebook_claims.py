@@ -1,6 +1,6 @@
 """The committed notebooks say nothing their own outputs contradict, and share one shape.
 
-A notebook records the numbers its prose relies on (``specdec_edu.claims.record``) and states each comparison
+A notebook records the numbers its prose relies on (``specdec_edu.course.claims.record``) and states each comparison
 as ``<!-- check: expr -->`` in the markdown cell that makes it. Here every claim is evaluated against the values
 stored in the committed outputs. These tests read JSON only (no kernel), so they take well under a second.
 """
@@ -10,8 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
-
-from specdec_edu.claims import MIME, claims, evaluate, recorded_values
+from claims_eval import MIME, claims, evaluate, recorded_values
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
@@ -61,7 +60,7 @@ def test_unknown_names_and_unsafe_syntax_are_errors():
 
 def test_record_refuses_non_finite_values():
     pytest.importorskip("IPython")
-    from specdec_edu.claims import record
+    from specdec_edu.course.claims import record
 
     with pytest.raises(ValueError, match="finite"):
         record(alpha=float("nan"))
@@ -141,11 +140,11 @@ def test_checks_do_not_split_paragraphs(path):
 
 
 def test_every_cell_tag_says_where_the_cell_runs():
-    """CI and scripts/execute_notebooks.py skip the same tags (specdec_edu.notebook_tags); a new tag must be
+    """CI and scripts/execute_notebooks.py skip the same tags (tests/notebook_tags.py); a new tag must be
     placed there, so that it cannot be skipped by one and run by the other."""
-    from specdec_edu.notebook_tags import NOT_RUN_ON_CPU, RUN_EVERYWHERE
+    from notebook_tags import NOT_RUN_ON_CPU, RUN_EVERYWHERE
 
     for path in NOTEBOOKS:
         for i, cell in enumerate(json.loads(path.read_text())["cells"]):
             unknown = set(cell.get("metadata", {}).get("tags", [])) - NOT_RUN_ON_CPU - RUN_EVERYWHERE
-            assert not unknown, f"{path.name} cell {i}: tag(s) {sorted(unknown)} not in specdec_edu/notebook_tags.py"
+            assert not unknown, f"{path.name} cell {i}: tag(s) {sorted(unknown)} not in tests/notebook_tags.py"

@@ -1,4 +1,4 @@
-"""The χ² harness of notebook 05 (specdec_edu.proof): it passes the real rule and rejects every broken one.
+"""The χ² harness of notebook 05 (specdec_edu.course.proof): it passes the real rule and rejects every broken one.
 
 All checks use the harness's stated defaults: toy p, q with γ = 2 over 4 tokens, 1,000 rounds, seed 0,
 level 10⁻³. Seeded, so the p-values are the same on every run.
@@ -7,8 +7,8 @@ level 10⁻³. Seeded, so the p-values are the same on every run.
 import pytest
 import torch
 
-from specdec_edu.controls import BROKEN_RULES
-from specdec_edu.proof import LEVEL, TOY_P, TOY_Q, chi2_check, emitted_distribution, token_chi2, token_chi2_power
+from specdec_edu.course.controls import BROKEN_RULES
+from specdec_edu.course.proof import LEVEL, TOY_P, TOY_Q, chi2_check, emitted_distribution, token_chi2, token_chi2_power
 from specdec_edu.sampling import sample
 from specdec_edu.theory import output_distribution
 from specdec_edu.verify import accept_and_resample, acceptance_probability, residual_distribution

@@ -9,7 +9,7 @@ import torch
 from scipy.stats import chisquare
 
 from specdec_edu import autoregressive_generate, logits_to_probs, speculative_generate
-from specdec_edu.controls import BROKEN_RULES, MisreportedQDrafter
+from specdec_edu.course.controls import BROKEN_RULES, MisreportedQDrafter
 
 # Every χ² test here: N_SAMPLES = 1,500 continuations from a generator seeded 0 (1 for the
 # baseline), rejection at p < THRESHOLD = 1e-3. Power of the negative controls, measured once

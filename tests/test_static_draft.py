@@ -1,4 +1,4 @@
-"""The draft model with a static KV cache, and with its one-token step compiled.
+"""The draft model with a static KV cache, and with its forwards compiled (see also test_compiled.py).
 
 ``torch.compile`` runs here with ``backend="aot_eager"`` (graph capture by dynamo and
 AOTAutograd, no code generation): inductor's C++ compilation would take minutes on a CPU,
@@ -62,8 +62,8 @@ def test_static_cache_samples_what_the_dynamic_cache_samples(target, draft):
 
 
 def test_compiled_step_is_exact_and_compiles_once(target, close_draft):
-    """Compiled once, then every step of two generations (other prompt, other γ) reuses it:
-    ``error_on_recompile`` turns any second compilation into an error."""
+    """Each input width compiled once, then every forward of two generations (other prompt, other γ)
+    reuses it: ``error_on_recompile`` turns any second compilation into an error."""
     torch.compiler.reset()
     drafter = ModelDrafter(close_draft, static_cache=True, max_cache_len=64, compile=True, compile_options=COMPILE)
     other = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])

@@ -8,7 +8,7 @@ import torch
 from scipy.stats import chisquare
 
 from specdec_edu import accept_and_resample, acceptance_probability, residual_distribution
-from specdec_edu.controls import BROKEN_RULES
+from specdec_edu.course.controls import BROKEN_RULES
 
 CHI2_THRESHOLD = 1e-3  # a correct rule fails at this level 0.1 % of the time per test; seeds are fixed
 

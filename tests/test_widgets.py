@@ -10,9 +10,9 @@ import torch
 from scipy.stats import chisquare
 
 from specdec_edu import controls
-from specdec_edu.exercises import check_answer
+from specdec_edu.course.exercises import check_answer
+from specdec_edu.course.widgets import accept_rule_explorer, residual_explorer, simulate_first_token
 from specdec_edu.theory import output_distribution, total_variation
-from specdec_edu.widgets import accept_rule_explorer, residual_explorer, simulate_first_token
 
 matplotlib.use("Agg")  # the widgets import pyplot only when they draw, so choosing the backend here is in time
 
@@ -107,6 +107,17 @@ def test_residual_explorer_output_is_always_p():
         ex.controls[f"p[{t}]"].value = 0.0
     assert ex.state["error"]  # all-zero p: a message instead of a crash
     ex.figure()
+
+
+def test_residual_explorer_labels_weights_and_shows_the_normalised_p_and_q_live():
+    """The sliders hold weights; next to them the learner reads the p and q the rule uses (issue 20: q(today) = 0
+    left the sliders at 0.2 / 0 / 0.3 while the rule used q = 0.4 / 0 / 0.6)."""
+    ex = residual_explorer(samples=100)
+    assert all(c.description.startswith("weight of ") for c in ex.controls.values())
+    assert "p(tomorrow) = 0.40, q(tomorrow) = 0.30" in ex.ui.children[2].children[2].value  # rows: everyday, today, tomorrow
+    ex.controls["q[today]"].value = 0.0  # q's weights now sum to 0.5: the rule uses q = (0.4, 0, 0.6)
+    assert "q(tomorrow) = 0.60" in ex.ui.children[2].children[2].value
+    assert "q(everyday) = 0.40" in ex.ui.children[0].children[2].value
 
 
 def test_explorer_set_changes_several_controls_with_one_redraw():

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from specdec_edu import GenerationStats, ModelDrafter, autoregressive_generate, speculative_generate
-from specdec_edu.measure import forward_seconds
+from specdec_edu.course.measure import forward_seconds
 from specdec_edu.theory import expected_speedup
 
 from .data import EOS_ID, chat_ids, load_target

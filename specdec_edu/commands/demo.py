@@ -3,7 +3,7 @@
 What the demo does, step by step:
 
 1. loads the embedded pair (target: SmolLM2-135M-Instruct, Q4_1-dequantized; draft: the tiny
-   model in ``assets/draft/``; see :mod:`specdec_edu.embedded`);
+   model in ``assets/draft/``; see :mod:`specdec_edu.models.embedded`);
 2. warms both up (the first forward passes of a process are slow: memory allocation,
    thread pools), so that the timings compare steady states;
 3. for each drafter, decodes the *same* prompt with the target alone and with speculative
@@ -48,7 +48,7 @@ from typing import TextIO
 
 import torch
 
-from .viz import ANSI, ANSI_RESET, legend, mark_tokens, token_pieces  # noqa: F401 (ANSI*: re-exported for tests)
+from ..course.viz import ANSI, ANSI_RESET, legend, mark_tokens, token_pieces  # noqa: F401 (ANSI*: re-exported for tests)
 
 DRAFTER_LABELS = {"model": "model draft", "eagle": "EAGLE (features)", "medusa": "Medusa (features)",
                   "prompt-lookup": "prompt lookup"}
@@ -107,7 +107,7 @@ class DrafterReport:
 # --------------------------------------------------------------------------------------
 def make_drafter(kind: str, draft_model, target=None):
     """Build the drafter object for ``kind`` ("model", "eagle", "medusa" or "prompt-lookup")."""
-    from . import ModelDrafter, PromptLookupDrafter, load_drafter
+    from .. import ModelDrafter, PromptLookupDrafter, load_drafter
 
     if kind in ("eagle", "medusa"):
         return load_drafter(kind, target)
@@ -145,7 +145,7 @@ def run_both(target, draft_model, kind, input_ids, settings, eos_token_id):
     (the one least disturbed by whatever else the machine was doing). Every run gets a
     fresh drafter, so that none reuses another's draft KV cache.
     """
-    from . import autoregressive_generate, speculative_generate
+    from .. import autoregressive_generate, speculative_generate
 
     baselines, speculatives = [], []
     for _ in range(max(1, settings.repeats)):
@@ -195,7 +195,7 @@ def analyse(kind, prompt, input_ids, baseline, speculative, settings) -> Drafter
       Leviathan et al. assume 1: checking γ+1 tokens costs as much as decoding one, true
       on a GPU while decoding is memory-bound. On a CPU it is noticeably more than 1.
     """
-    from . import expected_speedup
+    from .. import expected_speedup
 
     stats, gamma = speculative.stats, settings.gamma
     n_prompt = input_ids.shape[-1]
@@ -221,7 +221,7 @@ def analyse(kind, prompt, input_ids, baseline, speculative, settings) -> Drafter
 
 def compare_drafter(target, draft_model, tokenizer, kind, settings) -> DrafterReport:
     """Run target-only and speculative decoding for one drafter and analyse the pair."""
-    from .embedded import chat_prompt
+    from ..models.embedded import chat_prompt
 
     prompt = settings.prompt or default_prompt(kind)
     input_ids = chat_prompt(tokenizer, prompt, device=target.device)
@@ -322,7 +322,7 @@ def run_demo(target, draft_model, tokenizer, settings: DemoSettings | None = Non
     """
     settings = settings or DemoSettings()
     out = out or sys.stdout
-    from .embedded import chat_prompt
+    from ..models.embedded import chat_prompt
 
     warm_ids = chat_prompt(tokenizer, "Hello!", device=target.device)
     warm_up(target, draft_model, settings.drafters, warm_ids, settings, tokenizer.eos_token_id)
@@ -372,9 +372,9 @@ def load_models(settings: DemoSettings, device=None):
     If the draft model is missing but prompt lookup can still run (``--drafter both``),
     carry on without it and say so, rather than fail.
     """
-    from .devices import default_device
-    from .embedded import load_embedded_draft, load_embedded_target, load_embedded_tokenizer
-    from .weights import EmbeddedModelError
+    from ..models.devices import default_device
+    from ..models.embedded import load_embedded_draft, load_embedded_target, load_embedded_tokenizer
+    from ..models.weights import EmbeddedModelError
 
     device = torch.device(device) if device is not None else default_device()
     target = load_embedded_target(device)
@@ -393,7 +393,7 @@ def load_models(settings: DemoSettings, device=None):
 
 def main(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """``python -m specdec_edu demo``: load the embedded pair and run :func:`run_demo`."""
-    from .weights import EmbeddedModelError
+    from ..models.weights import EmbeddedModelError
 
     out = out or sys.stdout
     settings = settings_from_args(args, out)

@@ -15,8 +15,8 @@ import time
 
 import torch
 
-from . import kv
-from .result import sync
+from .. import kv
+from ..result import sync
 
 
 @torch.no_grad()
@@ -57,6 +57,29 @@ def latency_curve(model, ns=(1, 2, 4, 8, 16, 32, 64), context_length: int = 64, 
 def cost_ratio(draft, target, context_length: int = 64, repeats: int = 7) -> float:
     """c = (draft seconds per decode step) / (target seconds per decode step), measured here."""
     return forward_seconds(draft, 1, context_length, repeats) / forward_seconds(target, 1, context_length, repeats)
+
+
+@torch.no_grad()
+def read_bandwidth(device="cpu", n_bytes: int = 2**28, repeats: int = 5) -> float:
+    """Bytes per second that a read-only reduction streams from memory: the rate behind a memory floor.
+
+    A decoding step *reads* its weights and writes almost nothing, so its memory floor is weight bytes ÷
+    this rate. ``torch.sum`` over ``n_bytes`` of float32 reads every byte once and writes one number. A copy
+    is the wrong yardstick: it moves every byte twice (read, then write) over the same memory bus. Median of
+    ``repeats`` after one warm-up; on a GPU pass ≥ 1 GiB, so that the reduction outlasts its launch.
+    """
+    device = torch.device(device)
+    x = torch.ones(n_bytes // 4, device=device)  # [n_bytes / 4] float32
+    times = []
+    for i in range(1 + repeats):
+        sync(device)
+        start = time.perf_counter()
+        x.sum()
+        sync(device)
+        elapsed = time.perf_counter() - start
+        if i > 0:  # the first pass warms caches and allocators
+            times.append(elapsed)
+    return x.numel() * x.element_size() / statistics.median(times)
 
 
 def parameter_bytes(model) -> int:

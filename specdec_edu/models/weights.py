@@ -16,7 +16,7 @@ the zip file it is, check two SHA-256 checksums, and let ``transformers`` read t
 Reading GGUF takes a while (and needs the ``gguf`` and ``accelerate`` packages, which
 ``transformers`` imports only then), so the first use converts the model once to an
 ordinary ``safetensors`` checkpoint in a cache directory; later loads read that copy and
-take a second or two. Loading the pair is :mod:`specdec_edu.embedded`'s job.
+take a second or two. Loading the pair is :mod:`specdec_edu.models.embedded`'s job.
 
 Environment variables
 ---------------------

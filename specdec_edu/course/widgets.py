@@ -2,9 +2,9 @@
 
 Nothing here re-implements speculative sampling: the simulations call
 :func:`specdec_edu.accept_and_resample` (or a deliberately broken rule from
-:mod:`specdec_edu.controls`) and the widgets only draw what those functions return.
+:mod:`specdec_edu.course.controls`) and the widgets only draw what those functions return.
 The exact output distribution comes from :func:`specdec_edu.theory.output_distribution`;
-the exercise checker is :func:`specdec_edu.exercises.check_answer`.
+the exercise checker is :func:`specdec_edu.course.exercises.check_answer`.
 
 * :func:`simulate_first_token`: run one verification step many times on toy
   distributions and count which token comes out first.
@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .theory import as_distribution, output_distribution
-from .verify import accept_and_resample, acceptance_probability, residual_distribution
+from ..theory import as_distribution, output_distribution
+from ..verify import accept_and_resample, acceptance_probability, residual_distribution
 
 __all__ = [
     "simulate_first_token",
@@ -213,6 +213,9 @@ def residual_explorer(
 ) -> Explorer:
     """Sliders for the (unnormalised) weights of p and q over a few tokens.
 
+    The sliders hold weights, not probabilities: each row is divided by its sum before use, and
+    the normalised p(token) and q(token) are shown next to each pair of sliders, live (in
+    ``state["p"]``, ``state["q"]`` too), so that what the learner reads is what the rule uses.
     Redraws q, p, min(p, q), the residual normalize(max(0, p − q)) and the output
     distribution, both computed exactly (:func:`output_distribution`) and estimated from
     ``samples`` simulated verification steps (:func:`simulate_first_token`); a second
@@ -229,8 +232,9 @@ def residual_explorer(
     def slider(value, label):
         return w.FloatSlider(value=value, min=0.0, max=1.0, step=0.01, description=label, continuous_update=False, style=style)
 
-    controls = {f"p[{t}]": slider(v, f"p({t})") for t, v in zip(tokens, p)}
-    controls.update({f"q[{t}]": slider(v, f"q({t})") for t, v in zip(tokens, q)})
+    controls = {f"p[{t}]": slider(v, f"weight of {t} in p") for t, v in zip(tokens, p)}
+    controls.update({f"q[{t}]": slider(v, f"weight of {t} in q") for t, v in zip(tokens, q)})
+    normalised = {t: w.HTML() for t in tokens}  # next to each token's sliders: the p and q the rule really uses
     state: dict = {"tokens": tokens}
 
     def compute():
@@ -238,6 +242,8 @@ def residual_explorer(
         qw = [controls[f"q[{t}]"].value for t in tokens]
         if sum(pw) <= 0 or sum(qw) <= 0:
             state.update(error="give p and q at least one positive weight each")
+            for readout in normalised.values():
+                readout.value = "→ p, q undefined"
             return
         pt, qt = as_distribution(pw), as_distribution(qw)
         accepted = qt * acceptance_probability(pt, qt)
@@ -257,6 +263,8 @@ def residual_explorer(
             simulated=counts / samples,
             max_abs_diff=float((exact - pt).abs().max()),
         )
+        for t, p_t, q_t in zip(tokens, state["p"], state["q"]):
+            normalised[t].value = f"→ p({t}) = {p_t:.2f}, q({t}) = {q_t:.2f}"
 
     def figure():
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.6), gridspec_kw={"width_ratios": [3, 2]})
@@ -297,5 +305,5 @@ def residual_explorer(
         return (f"<b>P(reject) = {state['rejection_probability']:.3f}</b>; residual: {residual}; "
                 f"max |output − p| = {state['max_abs_diff']:.1e}")
 
-    rows = [w.HBox([controls[f"p[{t}]"], controls[f"q[{t}]"]]) for t in tokens]
+    rows = [w.HBox([controls[f"p[{t}]"], controls[f"q[{t}]"], normalised[t]]) for t in tokens]
     return _live_explorer(controls, rows, state, compute, figure, summary)

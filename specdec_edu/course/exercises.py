@@ -77,9 +77,9 @@ def check_speculative_round(round_fn, target, draft, prompt_ids, *, gamma: int =
     length, and returns True / False; returns None (printing "not written yet") if ``round_fn`` returns
     ``NotImplemented``.
     """
-    from . import kv
+    from .. import kv
+    from ..generate import autoregressive_generate
     from .diagnostics import first_divergence
-    from .generate import autoregressive_generate
 
     prompt = torch.as_tensor(prompt_ids).flatten().to(target.device)
     reference = autoregressive_generate(target, prompt, max_new_tokens=max_new_tokens).row(0).tolist()

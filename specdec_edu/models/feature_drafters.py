@@ -26,6 +26,12 @@ target's KV cache keeps: the prompt minus its last token (prefill), then after e
 through the target yet (it is the target's own sample from the last round). Rejected
 drafts never produce an observation, so the features seen are always real and final.
 
+**Bound to one target.** The layers were trained on one target's features; on another model
+they would read features they never saw (α ≈ 0, still exact but pointless), or of another width
+(a raw shape error). So a drafter stores a cheap fingerprint of its target
+(:func:`target_fingerprint`) with its weights, and ``load`` and ``check_target`` (which
+``speculative_generate`` calls) refuse any other target, naming the fix.
+
 ``load_drafter(name, target)`` gives any drafter of the course by name.
 """
 
@@ -40,9 +46,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import kv
-from .drafters import LookupThenDrafter, ModelDrafter, PromptLookupDrafter, to_device
-from .sampling import sample
+from .. import kv
+from ..drafters import LookupThenDrafter, ModelDrafter, PromptLookupDrafter, draft_loop, no_drafts, sample_rows, to_device
 
 __all__ = ["MedusaDrafter", "EagleDrafter", "load_drafter", "DRAFTER_NAMES", "TRAIN_COMMAND"]
 
@@ -53,9 +58,57 @@ TRAIN_COMMAND = "python scripts/train_feature_drafters.py"
 def asset_dir(name: str) -> Path:
     """``assets/<name>`` of the repository (a clone, an editable install) or, for a regular install (e.g.
     ``pip install git+…`` on Colab), the copy under ``<prefix>/share/specdec-edu/<name>`` (pyproject's data-files)."""
-    in_repo = Path(__file__).resolve().parent.parent / "assets" / name
+    in_repo = Path(__file__).resolve().parents[2] / "assets" / name
     installed = Path(sys.prefix) / "share" / "specdec-edu" / name
     return installed if not in_repo.exists() and installed.exists() else in_repo
+
+
+# ---- which target a drafter belongs to -------------------------------------------------------------
+
+FINGERPRINT_ROWS = 8  # rows of the embedding and of the head summed into the checksum: cheap, yet weight-dependent
+FINGERPRINT_RTOL = 0.02  # float32 vs float16/bfloat16 copies of one model differ by < 0.5 %; two models by ~100 %
+
+
+@torch.no_grad()
+def target_fingerprint(target: nn.Module) -> dict:
+    """A cheap identity of ``target``: its shape, plus the sums of a few rows of its input embedding
+    and of its output head (``weights``, 2 × 8 floats), which tell two models of the same shape apart.
+
+    Row sums rather than raw weights: they survive a change of dtype or device (to < 0.5 %),
+    while the sums of another model's rows are unrelated numbers. Reads 16 rows: one small
+    device→host copy, done once per drafter (at construction), never per round.
+    """
+    embedding, head = target.get_input_embeddings().weight, target.get_output_embeddings().weight
+    sums = [w[torch.linspace(0, w.shape[0] - 1, FINGERPRINT_ROWS).long()].double().sum(-1) for w in (embedding, head)]
+    return {
+        "model_type": target.config.model_type,
+        "hidden_size": head.shape[1],
+        "vocab_size": head.shape[0],  # rows of the head: the ids the drafter may propose
+        "weights": [float(f"{x:.6g}") for x in torch.cat(sums).tolist()],
+    }
+
+
+def fingerprint_mismatch(trained_on: dict, target: dict) -> str | None:
+    """How ``target``'s fingerprint differs from ``trained_on``'s (``None``: the same target).
+
+    Only keys present in both are compared, so a config saved before a key existed still loads.
+    """
+    for key, label in (("model_type", "model type"), ("hidden_size", "hidden size"), ("vocab_size", "vocabulary size")):
+        if key in trained_on and key in target and trained_on[key] != target[key]:
+            return f"it was trained on a target with {label} {trained_on[key]}, this target has {target[key]}"
+    if "weights" in trained_on and "weights" in target:
+        expected, actual = torch.tensor(trained_on["weights"]), torch.tensor(target["weights"])
+        if (actual - expected).norm() > FINGERPRINT_RTOL * expected.norm():
+            return ("it was trained on another model of the same shape "
+                    "(the checksum of the target's embedding and head rows differs)")
+    return None
+
+
+def wrong_target_error(drafter: str, mismatch: str, trained_on: dict) -> ValueError:
+    """The error for a drafter given a target it was not trained on, naming the two ways out."""
+    return ValueError(f"{drafter} does not fit this target: {mismatch}. Use it with the target it was trained on "
+                      f"({trained_on.get('model_type')}, hidden size {trained_on.get('hidden_size')}), "
+                      f"or train one on this target:  {TRAIN_COMMAND}")
 
 
 class FeatureDrafter:
@@ -77,7 +130,27 @@ class FeatureDrafter:
         if not 1 <= self.width <= rows:
             raise ValueError(f"draft_vocab_size={draft_vocab_size}: choose 1..{rows} (the target's head has {rows} rows).")
         self.hidden_size = target.get_output_embeddings().weight.shape[1]
+        self.trained_on = target_fingerprint(target)  # saved with the weights; load() checks it against its target
         self.reset()
+
+    def check_target(self, target: nn.Module) -> None:
+        """Raise ``ValueError`` unless ``target`` is the model this drafter was built (and trained) for.
+
+        ``speculative_generate`` calls this before generating. The drafter's own target passes at
+        once (``load`` already compared it with the saved fingerprint); another object passes only
+        if it is the same model (e.g. reloaded), judged by its fingerprint.
+        """
+        if target is self.target:
+            return
+        mismatch = fingerprint_mismatch(self.trained_on, target_fingerprint(target))
+        if mismatch is not None:
+            raise wrong_target_error(f"this {self.kind} drafter", mismatch, self.trained_on)
+        # The same model: the drafter keeps using its own copy's embedding and head, which must then
+        # live where the features will come from.
+        if (target.device, target.dtype) != (self.target.device, self.target.dtype):
+            raise ValueError(f"this {self.kind} drafter was loaded onto a copy of this target on {self.target.device} in "
+                             f"{self.target.dtype}, this one is on {target.device} in {target.dtype}: load it onto this "
+                             f"target, with load_drafter({self.kind!r}, target) or {type(self).__name__}.load(path, target).")
 
     # ---- the target's frozen pieces -------------------------------------------------------------
 
@@ -111,11 +184,6 @@ class FeatureDrafter:
                 "through speculative_generate, or call reset() and then observe(features of context[:-1]) first."
             )
 
-    def nothing(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """An empty proposal: tokens ``[0]``, q ``[0, V']`` (the round then is a target-only step)."""
-        device = self.target.device
-        return torch.empty(0, dtype=torch.long, device=device), torch.zeros(0, self.width, device=device)
-
     # ---- save / load: only the new layers ------------------------------------------------------
 
     def init_args(self) -> dict:
@@ -132,7 +200,7 @@ class FeatureDrafter:
         config = {
             "kind": self.kind,
             "args": self.init_args(),
-            "target": {"model_type": self.target.config.model_type, "hidden_size": self.hidden_size},
+            "target": self.trained_on,  # the fingerprint load() checks the target against
         }
         (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
@@ -148,15 +216,14 @@ class FeatureDrafter:
                 f"{TRAIN_COMMAND}  (or pass path= to a directory written by drafter.save(dir))."
             )
         config = json.loads((path / "config.json").read_text())
-        kind, trained_on = config.get("kind"), config["target"]
+        kind = config.get("kind")
         if kind != cls.kind:
             raise ValueError(f"{path} holds a {kind!r} drafter, not a {cls.kind!r} one: "
                              f"load it with load_drafter({kind!r}, target, path).")
-        d = target.get_output_embeddings().weight.shape[1]
-        if trained_on["hidden_size"] != d:
-            raise ValueError(f"{path} was trained on a target with hidden size {trained_on['hidden_size']} "
-                             f"({trained_on['model_type']}), this target has {d}: load it with the target it was trained on.")
         drafter = cls(target, **config["args"])
+        mismatch = fingerprint_mismatch(config["target"], drafter.trained_on)
+        if mismatch is not None:  # before loading the weights: another width would fail there with a raw shape error
+            raise wrong_target_error(f"the {kind} drafter in {path}", mismatch, config["target"])
         state = load_file(path / "model.safetensors")
         drafter.net.load_state_dict({name: w.to(target.device, target.dtype) for name, w in state.items()})
         return drafter
@@ -238,10 +305,9 @@ class MedusaDrafter(FeatureDrafter):
         """Tokens ``[γ']`` and q ``[γ', V']``, γ' = min(γ, K): head k's guess for x_{L−1+k}."""
         self.check_context(context)
         if gamma < 1 or self.latest is None:  # a one-token prompt: no feature yet, the target goes alone
-            return self.nothing()
+            return no_drafts(self.width, self.target.device)
         q = to_probs(self.head(self.net(self.latest, min(gamma, self.n_heads))))  # [γ', V']
-        tokens = torch.multinomial(q, 1, generator=generator)[:, 0]  # one draw per head's row
-        return tokens, q
+        return sample_rows(q, generator), q  # one independent draw per head's row
 
 
 # ---- EAGLE --------------------------------------------------------------------------------------
@@ -344,7 +410,7 @@ class EagleDrafter(FeatureDrafter):
         """Draft ``gamma`` tokens after ``context`` ``[L]`` (host); tokens ``[γ]`` and q ``[γ, V']``."""
         self.check_context(context)
         if gamma < 1 or self.n_seen == 0:  # a one-token prompt: no feature yet, the target goes alone
-            return self.nothing()
+            return no_drafts(self.width, self.target.device)
         # 1. Roll back: drop last round's draft steps; the real positions are final.
         kv.crop(self.cache, self.n_cached - self.n_real)
         self.n_cached = self.n_real
@@ -353,16 +419,16 @@ class EagleDrafter(FeatureDrafter):
             tokens = to_device(context[self.n_real + 1 :], self.target.device)  # x_{n_real+1} … x_{L−1}
             self.next_feature = self.step(torch.cat(self.unfed), tokens)[-1]
             self.n_real, self.unfed = self.n_seen, []
-        # 3. Draft autoregressively, feeding back the predicted feature (all on the device).
-        f_hat, tokens, qs = self.next_feature, [], []
-        for i in range(gamma):
-            q_i = to_probs(self.head(f_hat))  # q over x_{L+i}
-            token = sample(q_i, generator)
-            tokens.append(token)
-            qs.append(q_i)
-            if i < gamma - 1:  # the last draft need not be fed: nobody needs what comes after it yet
-                f_hat = self.step(f_hat[None], token[None])[0]
-        return torch.stack(tokens), torch.stack(qs)
+        # 3. Draft autoregressively at the feature level (all on the device): q_i = head(f̂), and
+        #    feeding draft x_i pairs it with the f̂ it was read from, giving the next f̂.
+        f_hat = self.next_feature
+
+        def feed(token: torch.Tensor) -> torch.Tensor:
+            nonlocal f_hat
+            f_hat = self.step(f_hat[None], token[None])[0]
+            return self.head(f_hat)
+
+        return draft_loop(self.head(f_hat), gamma, to_probs, generator, feed)
 
 
 # ---- by name ------------------------------------------------------------------------------------

@@ -120,6 +120,8 @@ def top1_agreement(logits: torch.Tensor, top_ids: torch.Tensor, mask: torch.Tens
 
 
 def batch_of(data: Corpus, idx: torch.Tensor, device, dtype):
+    """Sequences ``idx`` ``[b]``, cut to the longest of them (n): features ``[b, n, d]`` (in ``dtype``), tokens
+    ``[b, n]``, top_ids / top_logp ``[b, n, k]``, all on ``device``; and n."""
     n = int(data.lengths[idx].max())
     return (data.features[idx, :n].to(device, dtype), data.tokens[idx, :n].to(device),
             data.top_ids[idx, :n].to(device), data.top_logp[idx, :n].to(device), n)

@@ -11,17 +11,17 @@ from __future__ import annotations
 import json
 import platform
 import statistics
-import time
 from dataclasses import dataclass, field
 
 import torch
 
-from .drafters import PromptLookupDrafter
-from .feature_drafters import load_drafter
-from .generate import autoregressive_generate, speculative_generate
-from .measure import forward_seconds
-from .result import GenerationStats, sync
-from .theory import expected_speedup
+from ..course.experiments import interleaved_benchmark, timed
+from ..course.measure import forward_seconds
+from ..drafters import PromptLookupDrafter
+from ..generate import autoregressive_generate, speculative_generate
+from ..models.feature_drafters import load_drafter
+from ..result import GenerationStats
+from ..theory import expected_speedup
 
 CHAT_PROMPTS = [  # open questions (not in the draft's training prompts)
     "Why do leaves change colour in autumn? Answer in a short paragraph.",
@@ -119,37 +119,36 @@ def profile_round(target, draft, ids, gamma: int, max_new_tokens: int = 32) -> d
     return {name: 1000 * statistics.median(seconds) for name, seconds in phases.items()}
 
 
+def method_result(name: str, repeats: list[list]) -> MethodResult:
+    """One method's measurements: ``repeats[r]`` lists, per prompt, ``((new tokens, stats), seconds)``.
+
+    Each repeat's tokens/s is all its prompts' tokens over all their seconds; outputs and stats are the last repeat's.
+    """
+    result = MethodResult(name)
+    for runs in repeats:
+        result.tokens_per_second.append(sum(len(out) for (out, _), _ in runs) / sum(seconds for _, seconds in runs))
+    result.outputs = [out for (out, _), _ in repeats[-1]]
+    result.stats = [stats for (_, stats), _ in repeats[-1]]
+    return result
+
+
 def run_bench(target, draft, inputs, *, eos_token_id=None, drafter="model", gamma=4, max_new_tokens=64, repeats=3, progress=True):
     """Run every method on every prompt (``inputs``: list of ``[1, n]`` ids), interleaved.
 
     Returns the result dictionary (tokens/s per method, α, τ, c, predictions, profile).
     """
-    from tqdm.auto import tqdm
-
     if drafter not in DRAFTERS:
         raise ValueError(f"drafter={drafter!r}: use one of {', '.join(map(repr, DRAFTERS))}")
-    eos = eos_token_id
-    methods = methods_for(target, draft, drafter, gamma, eos)
-    results = {name: MethodResult(name) for name in methods}
-
-    for fn in methods.values():  # warm-up: first calls pay for allocations and lazy init
+    methods = methods_for(target, draft, drafter, gamma, eos_token_id)
+    for fn in methods.values():  # warm-up: first calls pay for allocations and lazy init (8 tokens are enough)
         fn(inputs[0], 8)
-    bar = tqdm(total=repeats * len(methods) * len(inputs), desc="bench", disable=not progress)
-    for _ in range(repeats):
-        for name, fn in methods.items():  # interleaved: A B C … within every repeat
-            tokens, seconds, outs, stats = 0, 0.0, [], []
-            for ids in inputs:
-                start = time.perf_counter()
-                out, st = fn(ids, max_new_tokens)
-                sync(target.device)
-                seconds += time.perf_counter() - start
-                tokens += len(out)
-                outs.append(out)
-                stats.append(st)
-                bar.update()
-            results[name].tokens_per_second.append(tokens / seconds)
-            results[name].outputs, results[name].stats = outs, stats
-    bar.close()
+
+    def every_prompt(fn):  # one repeat of a method: each prompt timed on its own
+        return lambda: [timed(lambda ids=ids: fn(ids, max_new_tokens), target.device) for ids in inputs]
+
+    runs = interleaved_benchmark({name: every_prompt(fn) for name, fn in methods.items()}, repeats=repeats, warmup=0,
+                                 progress=progress)
+    results = {name: method_result(name, reps) for name, reps in runs.items()}
     return summarise(target, draft, results, drafter, gamma, inputs)
 
 
@@ -259,7 +258,7 @@ def summarise(target, draft, results, drafter, gamma, inputs):
 def _versions():
     import transformers
 
-    from . import __version__
+    from .. import __version__
 
     return {"specdec_edu": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
             "python": platform.python_version()}
@@ -329,7 +328,7 @@ def add_arguments(parser) -> None:
 def main(args) -> int:
     import transformers
 
-    from .embedded import chat_prompt, load_pair
+    from ..models.embedded import chat_prompt, load_pair
 
     transformers.utils.logging.set_verbosity_error()
     if args.gamma < 1 or args.max_new_tokens < 1 or args.repeats < 1:

@@ -1,50 +1,20 @@
-"""Keep a notebook's prose honest: record the numbers it talks about, check its claims against them.
-
-A notebook's prose says things like "speculation is *slower* here" or "a step takes about 56 ms". Those words
-sit next to an output that a re-run can change. So a code cell records the values the prose leans on::
-
-    record(speedup=0.62, step_ms=56.1)        # invisible: stored in the cell's output, shown nowhere
-
-and the markdown cell that makes the claim carries it as an HTML comment (invisible on GitHub and in Jupyter)::
-
-    Speculation is *slower* here. <!-- check: speedup < 1 -->
-
-``tests/test_notebook_claims.py`` reads every committed notebook, collects the recorded values and evaluates
-every ``check:`` expression against them. If a re-run flips a comparison, the prose is flagged before it lands.
-Expressions are tiny: names, numbers, arithmetic, comparisons (chains allowed), ``and``/``or``/``not``, and the
-functions ``abs``, ``min``, ``max``, ``round``.
-"""
+"""Evaluate a notebook's prose claims against the numbers its cells recorded (test-side half of
+``specdec_edu.course.claims``, whose ``record`` stores the numbers; see its docstring for the syntax)."""
 
 from __future__ import annotations
 
 import ast
-import math
 import re
 from collections.abc import Mapping
 
-MIME = "application/vnd.specdec-edu.claims+json"
+from specdec_edu.course.claims import MIME
+
 CHECK = re.compile(r"<!--\s*check:\s*(.+?)\s*-->", re.DOTALL)
 _FUNCTIONS = {"abs": abs, "min": min, "max": max, "round": round}
 _ARITHMETIC = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
                ast.Div: lambda a, b: a / b}
 _COMPARISONS = {ast.Lt: lambda a, b: a < b, ast.LtE: lambda a, b: a <= b, ast.Gt: lambda a, b: a > b,
                 ast.GtE: lambda a, b: a >= b, ast.Eq: lambda a, b: a == b, ast.NotEq: lambda a, b: a != b}
-
-
-def record(**values: float) -> None:
-    """Store named numbers in this cell's output for the prose checker; nothing is displayed.
-
-    Values must be plain numbers (or bools); tensors and numpy scalars are converted with ``float``.
-    """
-    from IPython.display import display  # imported here: the package works without IPython
-
-    clean = {}
-    for name, value in values.items():
-        number = float(value)
-        if not math.isfinite(number):
-            raise ValueError(f"record({name}=...) got {number}; record only finite numbers")
-        clean[name] = number
-    display({MIME: clean}, raw=True)
 
 
 def recorded_values(notebook: Mapping) -> dict[str, float]:

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import torch
 
-from .drafters import ModelDrafter
-from .sampling import sample
-from .verify import accept_and_resample, acceptance_probability, residual_distribution
+from ..drafters import ModelDrafter
+from ..sampling import sample
+from ..verify import accept_and_resample, acceptance_probability, residual_distribution
 
 __all__ = [
     "accept_always",

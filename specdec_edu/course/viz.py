@@ -151,7 +151,8 @@ def draw_feature_drafters():
 
 #: Colours of the KV-cache picture: the token colours above, plus drafts not yet judged and rejected ones.
 KV_COLORS = {"context": BACKGROUND["target"], "pending": "#fff2cc", "accepted": BACKGROUND["accepted"],
-             "rejected": "#ffffff", "corrected": BACKGROUND["corrected"], "bonus": BACKGROUND["bonus"]}
+             "rejected": "#ffffff", "unjudged": "#ffffff", "corrected": BACKGROUND["corrected"], "bonus": BACKGROUND["bonus"]}
+KV_HATCHES = {"rejected": "xx", "unjudged": ".."}  # the two kinds of draft that the crop removes
 
 
 def kv_crop_rows(prompt_len: int, gamma: int, n_accepted: int) -> dict[str, dict]:
@@ -161,6 +162,10 @@ def kv_crop_rows(prompt_len: int, gamma: int, n_accepted: int) -> dict[str, dict
     The package's bookkeeping (``speculative_generate``): the cache holds every token of the context except
     the last one, which is fed, with the γ drafts, to the one verify forward. ``prompt_len`` is the length of
     the context when the round starts (the prompt, or everything generated so far).
+
+    After the verify forward the drafts are ``accepted`` (the agreeing prefix), then at most one ``rejected``
+    (the first disagreement: the only draft the rule judged and turned down), then ``unjudged``: drafts after a
+    rejection are never judged, because the target's correction replaces the text they were drafted after.
     """
     for name, value in (("prompt_len", prompt_len), ("gamma", gamma), ("n_accepted", n_accepted)):
         if isinstance(value, bool) or not isinstance(value, int):
@@ -172,11 +177,11 @@ def kv_crop_rows(prompt_len: int, gamma: int, n_accepted: int) -> dict[str, dict
     if not 0 <= n_accepted <= gamma:
         raise ValueError(f"n_accepted={n_accepted}: a round accepts between 0 and gamma={gamma} drafts")
     last = "bonus" if n_accepted == gamma else "corrected"
+    rejected = ["rejected"] + ["unjudged"] * (gamma - n_accepted - 1) if n_accepted < gamma else []
     return {
         "before": {"cached": prompt_len - 1, "cells": ["context"] * prompt_len + ["pending"] * gamma},
         "verified": {"cached": prompt_len + gamma,
-                     "cells": ["context"] * prompt_len + ["accepted"] * n_accepted
-                     + ["rejected"] * (gamma - n_accepted) + [last]},
+                     "cells": ["context"] * prompt_len + ["accepted"] * n_accepted + rejected + [last]},
         "cropped": {"cached": prompt_len + n_accepted,
                     "cells": ["context"] * prompt_len + ["accepted"] * n_accepted + [last]},
     }
@@ -188,10 +193,11 @@ def draw_kv_crop(prompt_len: int, gamma: int, n_accepted: int, max_context_cells
     1. before the verify pass: the context is cached except its last token (dashed: not cached yet); the γ
        drafts (pale yellow) are not in the target's cache;
     2. after the verify forward over [last] + γ drafts: all of them are cached; the target accepted the
-       first ``n_accepted`` (green), rejected the rest (hatched) and chose one more token, a correction
-       (orange) or, if all were accepted, a bonus (blue), which is not cached yet;
-    3. after ``crop``: the rejected drafts' positions are removed; the cache again holds everything except the
-       newest token, which the next round's verify pass feeds first.
+       first ``n_accepted`` (green), rejected the next one (cross-hatched), never judged the drafts after it
+       (dotted) and chose one more token, a correction (orange) or, if all were accepted, a bonus (blue),
+       which is not cached yet;
+    3. after ``crop``: the positions of the rejected and the never-judged drafts are removed; the cache again
+       holds everything except the newest token, which the next round's verify pass feeds first.
 
     Long contexts are drawn as their last ``max_context_cells`` cells after an ellipsis; each row's label
     gives the real number of cached positions (``kv_crop_rows`` has the numbers).
@@ -208,7 +214,7 @@ def draw_kv_crop(prompt_len: int, gamma: int, n_accepted: int, max_context_cells
         "verified": f"after the verify forward: {rows['verified']['cached']} cached",
         "cropped": f"after the crop: {rows['cropped']['cached']} cached",
     }
-    width = 2.6 + 0.42 * (min(prompt_len, max_context_cells) + gamma + 2 + (hidden > 0))
+    width = 2.6 + 0.42 * (min(prompt_len, max_context_cells) + gamma + 3.5 + (hidden > 0))
     fig, ax = plt.subplots(figsize=(max(7.0, width), 3.2))
     for r, (moment, row) in enumerate(rows.items()):
         y = 2 - r
@@ -222,23 +228,23 @@ def draw_kv_crop(prompt_len: int, gamma: int, n_accepted: int, max_context_cells
                 continue
             cached = i < row["cached"]
             rect = Rectangle((x + 0.05, y + 0.05), 0.9, 0.7, facecolor=KV_COLORS[kind], edgecolor="#333",
-                             linestyle="-" if cached else "--", hatch="xx" if kind == "rejected" else None,
+                             linestyle="-" if cached else "--", hatch=KV_HATCHES.get(kind),
                              gid=f"{moment}:{kind}:{'cached' if cached else 'not cached'}")
             ax.add_patch(rect)
             x += 1
         if moment == "cropped":
             removed = gamma - n_accepted
-            note = f"{removed} rejected position{'s' * (removed != 1)} removed" if removed else "nothing to remove"
+            note = "nothing to remove" if not removed else f"{removed} position{'s' * (removed != 1)} removed:\n" + (
+                f"1 rejected, {removed - 1} never judged" if removed > 1 else "the rejected draft")
             ax.text(x + 0.2, y + 0.4, note, ha="left", va="center", fontsize=8, style="italic")
-    labels = [("context", "context"), ("pending", "draft, not judged"), ("accepted", "accepted draft"),
-              ("rejected", "rejected draft"), ("corrected" if n_accepted < gamma else "bonus",
-                                               "correction" if n_accepted < gamma else "bonus token")]
-    handles = [Rectangle((0, 0), 1, 1, facecolor=KV_COLORS[k], edgecolor="#333", hatch="xx" if k == "rejected" else None)
-               for k, _ in labels]
+    labels = [("context", "context"), ("pending", "draft, before the verify pass"), ("accepted", "accepted draft"),
+              ("rejected", "rejected draft (judged)"), ("unjudged", "never judged (after a rejection)"),
+              ("corrected" if n_accepted < gamma else "bonus", "correction" if n_accepted < gamma else "bonus token")]
+    handles = [Rectangle((0, 0), 1, 1, facecolor=KV_COLORS[k], edgecolor="#333", hatch=KV_HATCHES.get(k)) for k, _ in labels]
     handles.append(Rectangle((0, 0), 1, 1, facecolor="white", edgecolor="#333", linestyle="--"))
     ax.legend(handles, [t for _, t in labels] + ["dashed: not in the cache"], loc="upper center",
               bbox_to_anchor=(0.5, -0.02), ncol=3, fontsize=8, frameon=False)
-    ax.set_xlim(-0.2, (hidden > 0) + min(prompt_len, max_context_cells) + gamma + 2.5)
+    ax.set_xlim(-0.2, (hidden > 0) + min(prompt_len, max_context_cells) + gamma + 4)  # room for the crop's note
     ax.set_ylim(-0.1, 3)
     ax.axis("off")
     ax.set_title(f"The target's KV cache in one round: γ = {gamma}, {n_accepted} accepted", fontsize=10)

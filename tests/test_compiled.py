@@ -1,0 +1,180 @@
+"""Compiled static caches (``kv.new_static_cache(..., compile=True)``): every forward, whatever
+its number of tokens, runs through fixed-shape compiled code, and the output is the eager one.
+
+``torch.compile`` runs with ``backend="aot_eager"`` (graph capture by dynamo and AOTAutograd,
+no code generation), as in ``test_static_draft.py``: what is checked here (the output, which
+code runs, no recompilation) does not depend on the backend. The models are fresh copies of
+conftest's, with a spy on ``forward`` installed before anything is compiled (a spy installed
+later would change what dynamo guards on, and other tests share conftest's models).
+"""
+
+import pytest
+import torch
+from conftest import perturbed_copy, tiny_llama
+from test_edge_cases import count_loop_reads  # noqa: F401  (a fixture)
+from test_sequence_exactness import CONTROL_SETTINGS, THRESHOLD, exact_distribution, pvalue, sample_many
+from test_sequence_exactness import PROMPT as SMALL_PROMPT
+
+from specdec_edu import ModelDrafter, autoregressive_generate, kv, speculative_generate
+from specdec_edu.course.controls import BROKEN_RULES
+
+COMPILE = {"backend": "aot_eager"}
+PROMPTS = [torch.tensor([[7, 8, 9, 10, 11]]), torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])]
+
+
+class EagerCalls:
+    """Counts the calls of ``model.forward`` that run as Python, i.e. not inside compiled code.
+
+    While dynamo traces the spy, ``torch.compiler.is_compiling()`` is True, so the count is
+    not part of the compiled program; a compiled call never runs the spy at all.
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        self.count = 0
+        forward = model.forward
+
+        def spy(*args, **kwargs):
+            if not torch.compiler.is_compiling():
+                self.count += 1
+            return forward(*args, **kwargs)
+
+        model.forward = spy
+
+
+@pytest.fixture(scope="module")
+def pair():
+    """(target, close draft, their EagerCalls): conftest's weights, fresh objects."""
+    target = tiny_llama(seed=0)
+    draft = perturbed_copy(target, noise=0.3, seed=2)
+    return target, draft, EagerCalls(target), EagerCalls(draft)
+
+
+def reference(target, prompt, max_new_tokens):
+    out = target.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=max_new_tokens,
+                          do_sample=False, pad_token_id=0)
+    return out[0, prompt.shape[1]:].tolist()
+
+
+def test_padding_does_not_change_logits(pair):
+    """Feeds of 19 (= 16 + 3, two chunks), 3, 1, 2, 5 and 7 tokens, padded to widths 16, 4, 1, 2, 8,
+    with rollbacks of 0–3 between them: every real row's logits equal those of an eager dynamic
+    cache, and so do the lengths (the padded tails are never counted)."""
+    target = pair[0]
+    compiled, eager = kv.shared_static_cache(target, 64, COMPILE), kv.new_cache(target)
+    ids = iter(torch.randint(0, 64, (37,), generator=torch.Generator().manual_seed(0)).split([19, 3, 1, 2, 5, 7]))
+    with torch.no_grad():
+        for n_remove, keep in [(0, 0), (2, 0), (0, 1), (1, 0), (3, 1), (0, 0)]:
+            chunk = next(ids)[None]
+            got = kv.forward(target, chunk, compiled, logits_to_keep=keep).logits
+            want = kv.forward(target, chunk, eager, logits_to_keep=keep).logits
+            assert got.shape == want.shape
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+            kv.crop(compiled, n_remove)
+            kv.crop(eager, n_remove)
+            assert kv.cache_length(compiled) == kv.cache_length(eager)
+
+
+@pytest.fixture(scope="module")
+def drafter(pair):
+    return ModelDrafter(pair[1], static_cache=True, max_cache_len=64, compile=True, compile_options=COMPILE)
+
+
+def generate_both(target, drafter, prompt, gamma, **kwargs):
+    """Speculative and target-only decoding, both compiled: their new tokens."""
+    spec = speculative_generate(target, drafter, prompt, max_new_tokens=24, gamma=gamma, compile=True,
+                                compile_options=COMPILE, **kwargs)
+    base = autoregressive_generate(target, prompt, max_new_tokens=24, compile=True, compile_options=COMPILE, **kwargs)
+    return spec.row(0).tolist(), base.row(0).tolist()
+
+
+def test_greedy_is_generate_and_nothing_recompiles(pair, drafter):
+    """Compiled draft and target, two prompts (5 and 8 tokens), γ = 4, 2, 1, 3: token for token what HF
+    ``generate`` gives, and every width compiles once (``error_on_recompile`` turns a second
+    compilation of any width into an error)."""
+    target = pair[0]
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for prompt, gamma in zip(PROMPTS * 2, [4, 2, 1, 3]):
+            spec, base = generate_both(target, drafter, prompt, gamma)
+            assert spec == base == reference(target, prompt, 24), (prompt.tolist(), gamma)
+        # A reduced head compiles the bare decoder (its output is hidden states, not logits).
+        reduced = ModelDrafter(pair[1], head_size=32, static_cache=True, max_cache_len=64, compile=True,
+                               compile_options=COMPILE)
+        assert generate_both(target, reduced, PROMPTS[1], 3)[0] == reference(target, PROMPTS[1], 24)
+
+
+def test_no_eager_forward_after_warm_up(pair, drafter):
+    """After one compiled generation (the warm-up: caches allocated, widths compiled), a generation
+    with another prompt and γ runs no forward of either model eagerly; an eager one does (the spy works)."""
+    target, draft, target_calls, draft_calls = pair
+    generate_both(target, drafter, PROMPTS[0], 4)
+    target_calls.count = draft_calls.count = 0
+    generate_both(target, drafter, PROMPTS[1], 3)
+    assert (target_calls.count, draft_calls.count) == (0, 0), "eager forwards of (target, draft)"
+    speculative_generate(target, draft, PROMPTS[1], max_new_tokens=8, gamma=3)
+    assert target_calls.count > 0 and draft_calls.count > 0
+
+
+def test_one_read_per_round_when_compiled(pair, drafter, count_loop_reads):  # noqa: F811 (the fixture imported above)
+    target = pair[0]
+    out = speculative_generate(target, drafter, PROMPTS[0], max_new_tokens=24, gamma=4, compile=True,
+                               compile_options=COMPILE)
+    assert out.stats.rounds > 3
+    assert len(count_loop_reads) == out.stats.rounds, count_loop_reads
+
+
+@pytest.fixture(scope="module")
+def small_compiled(small_vocab_pair):
+    target, draft = small_vocab_pair
+    return target, ModelDrafter(draft, static_cache=True, max_cache_len=16, compile=True, compile_options=COMPILE)
+
+
+@pytest.mark.parametrize("rule", ["correct", "bonus_from_previous_position"])
+def test_compiled_sampling_follows_the_target(small_compiled, rule):
+    """test_sequence_exactness's χ² test (N_SAMPLES = 1,500 3-token continuations, seed 0, rejected at
+    p < THRESHOLD = 1e-3, against the target's enumerated distribution at T = 0.6), with compiled draft
+    and target: the rule passes, and the negative control (a broken rule that draws the bonus token
+    from the previous position's p) is rejected by the same test."""
+    target, drafter = small_compiled
+    broken = {} if rule == "correct" else {"accept_fn": BROKEN_RULES[rule]}
+    samples = sample_many(lambda g: speculative_generate(
+        target, drafter, SMALL_PROMPT, max_new_tokens=3, gamma=2, do_sample=True, generator=g, compile=True,
+        compile_options=COMPILE, **broken, **CONTROL_SETTINGS), seed=0)
+    p_value = pvalue(samples, exact_distribution(target, **CONTROL_SETTINGS))
+    assert p_value > THRESHOLD if rule == "correct" else p_value < THRESHOLD
+
+
+def test_a_batch_runs_eager_and_says_so(pair):
+    target = pair[0]
+    prompts = torch.cat([PROMPTS[0], PROMPTS[1][:, :5]])
+    with pytest.warns(UserWarning, match="runs eager"):
+        compiled = speculative_generate(target, pair[1], prompts, max_new_tokens=8, gamma=3, compile=True,
+                                        compile_options=COMPILE)
+    eager = speculative_generate(target, pair[1], prompts, max_new_tokens=8, gamma=3)
+    assert compiled.sequences.tolist() == eager.sequences.tolist()
+
+
+def test_chunked_prefill_survives_a_step_that_reuses_its_output_buffer(pair, monkeypatch):
+    """A CUDA-graph replay writes its outputs into the same memory at every call, so a 40-token prefill
+    (chunks of 16, 16 and 8) must copy each chunk's rows before the next replay. Found on an H200: the
+    first chunk's logits were overwritten by the second's. Here a step that returns one shared buffer,
+    overwritten at each call, stands in for the replay; the rows must still equal an eager forward's."""
+    target = pair[0]
+    prompt = torch.arange(3, 43)[None]  # 40 tokens
+    with torch.no_grad():
+        expected = target(prompt).logits[0]
+    static = kv.new_static_cache(target, 64, compile=True, compile_options=COMPILE)
+    buffers: dict[int, torch.Tensor] = {}
+
+    def replay_like(model, width):
+        def step(model, ids, cache, positions):
+            out = kv.forward_at(model, ids, cache, positions)
+            buffer = buffers.setdefault(width, torch.empty_like(out.logits))
+            buffer.copy_(out.logits)  # the same memory at every call of this width, as a graph replay
+            out["logits"] = buffer
+            return out
+        return step
+
+    monkeypatch.setattr(static, "compiled_step", replay_like)
+    with torch.no_grad():
+        got = kv.forward(target, prompt, static).logits[0]
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)

@@ -1,0 +1,163 @@
+"""The drafter protocol (specdec_edu.drafters): the one drafting loop, the optional hooks, the draft
+model's own position limit, and the draft model's cache behind prompt lookup."""
+
+import pytest
+import torch
+from conftest import tiny_llama
+from test_feature_drafters import forced_onto
+
+from specdec_edu import LookupThenDrafter, ModelDrafter, PromptLookupDrafter, speculative_generate
+from specdec_edu.drafters import check_drafter_target, draft_loop, reset_drafter, wants_features
+from specdec_edu.sampling import sample
+
+# ---- draft_loop: sample, feed back unless last ----------------------------------------------------
+
+V = 5
+
+
+def chain_feed(fed):
+    """A fake drafter step: after token x the logits put (almost) all mass on x + 1 mod V."""
+    def feed(tokens):
+        fed.append(tokens.clone())
+        return 20.0 * torch.nn.functional.one_hot((tokens + 1) % V, V).float()
+    return feed
+
+
+def test_draft_loop_one_prompt_draws_like_sample_and_never_feeds_the_last_draft():
+    logits, fed = torch.tensor([0.5, 1.0, -1.0, 0.0, 2.0]), []
+    tokens, q = draft_loop(logits, 4, lambda x: x.softmax(-1), torch.Generator().manual_seed(3), chain_feed(fed))
+    assert tokens.shape == (4,) and q.shape == (4, V)
+    assert [int(t) for t in fed] == tokens[:3].tolist()  # γ − 1 feeds, of the drafts, in order
+    torch.testing.assert_close(q[0], logits.softmax(-1))
+    # the same draws as sampling.sample with the same generator, one distribution after the other
+    generator = torch.Generator().manual_seed(3)
+    assert [int(sample(q_i, generator)) for q_i in q] == tokens.tolist()
+
+
+def test_draft_loop_batch_drafts_each_row_from_its_own_q():
+    """Greedy on the chain x → x + 1: row b starts at its argmax and follows the chain; q is one-hot per row."""
+    logits = 20.0 * torch.nn.functional.one_hot(torch.tensor([0, 3, 4]), V).float()  # [B=3, V]
+    greedy = lambda x: torch.nn.functional.one_hot(x.argmax(-1), V).float()  # noqa: E731
+    fed = []
+    tokens, q = draft_loop(logits, 3, greedy, None, chain_feed(fed))
+    assert tokens.tolist() == [[0, 1, 2], [3, 4, 0], [4, 0, 1]]
+    assert q.shape == (3, 3, V) and torch.equal(q.argmax(-1), tokens)
+    assert len(fed) == 2 and fed[0].shape == (3,)
+    empty_tokens, empty_q = draft_loop(logits, 0, greedy, None, chain_feed([]))
+    assert empty_tokens.shape == (3, 0) and empty_q.shape == (3, 0, V)
+
+
+def test_draft_loop_refuses_a_generator_on_another_device():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a second device type")
+    with pytest.raises(ValueError, match="torch.Generator"):
+        draft_loop(torch.zeros(V), 2, lambda x: x.softmax(-1), torch.Generator("cuda"), chain_feed([]))
+
+
+# ---- the optional hooks -------------------------------------------------------------------------
+
+
+class Bare:
+    def propose(self, context, gamma, to_probs, generator=None):
+        return context[:0], torch.zeros(0, 1)
+
+
+class Hooked(Bare):
+    def __init__(self):
+        self.calls = []
+
+    def reset(self):
+        self.calls.append("reset")
+
+    def observe(self, features):
+        self.calls.append("observe")
+
+    def check_target(self, target):
+        raise ValueError("not my target")
+
+
+def test_hooks_are_optional_and_pass_through_lookup():
+    bare, hooked = Bare(), Hooked()
+    reset_drafter(bare)  # no hooks: nothing to call, nothing raised
+    check_drafter_target(bare, None)
+    assert not wants_features(bare) and wants_features(hooked)
+    reset_drafter(hooked)
+    assert hooked.calls == ["reset"]
+    with pytest.raises(ValueError, match="not my target"):
+        check_drafter_target(hooked, None)
+    # LookupThenDrafter: the fallback's hooks, and asks for features only if the fallback does
+    assert not wants_features(LookupThenDrafter(bare))
+    hybrid = LookupThenDrafter(hooked)
+    assert wants_features(hybrid)
+    reset_drafter(hybrid)
+    assert hooked.calls == ["reset", "reset"]
+    with pytest.raises(ValueError, match="not my target"):
+        check_drafter_target(hybrid, None)
+
+
+# ---- the draft model's own position limit (issue 19, bug 4) ---------------------------------------
+
+
+def gpt2_draft(n_positions):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=64, n_positions=n_positions, n_embd=32, n_layer=1, n_head=2, bos_token_id=0,
+                        eos_token_id=0)
+    return GPT2LMHeadModel(config).eval().requires_grad_(False)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_a_context_longer_than_the_draft_reads_is_refused_by_name(target, family):
+    """GPT-2 (learned positions: a raw IndexError before) and Llama (rotary: silently past its trained range)."""
+    draft = gpt2_draft(16) if family == "gpt2" else tiny_llama(seed=1, max_positions=16)
+    prompt = torch.arange(20) % 64
+    with pytest.raises(ValueError, match="draft model reads at most 16 positions.*20 tokens"):
+        speculative_generate(target, ModelDrafter(draft), prompt[None], max_new_tokens=5)
+
+
+def test_near_its_limit_the_draft_model_drafts_fewer_tokens():
+    """Limit 16: after 14 tokens a round may draft 3 (the draft reads positions 0 … 15; GPT-2 raised an
+    IndexError at position 16 before), after 16 tokens 1 (never fed), after 17 none fit: an error."""
+    drafter, softmax = ModelDrafter(gpt2_draft(16)), lambda x: x.softmax(-1)
+    for length, drafted in [(14, 3), (16, 1)]:
+        drafter.reset()
+        tokens, q = drafter.propose(torch.arange(length), 4, softmax, torch.Generator().manual_seed(0))
+        assert tokens.shape == (drafted,) and q.shape == (drafted, 64)
+    with pytest.raises(ValueError, match="at most 16 positions.*17 tokens"):
+        drafter.propose(torch.arange(17), 4, softmax)
+
+
+# ---- a draft model behind prompt lookup (issue 19, bug 7) -----------------------------------------
+
+
+def recording(drafter, calls):
+    """Replace ``drafter.propose`` by one that records (context, tokens, the logits behind q) per call."""
+    propose = drafter.propose
+
+    def recorded(context, gamma, to_probs, generator=None):
+        logits = []
+        tokens, q = propose(context, gamma, lambda x: (logits.append(x), to_probs(x))[1], generator)
+        calls.append((context.clone(), tokens, torch.stack(logits)))
+        return tokens, q
+
+    drafter.propose = recorded
+    return drafter
+
+
+def test_model_draft_behind_lookup_drafts_from_the_true_context(target, close_draft):
+    """Rounds that lookup drafted put tokens in the context that were not the model's drafts: the model
+    drafter's cache must not take them for its own. After a sampled run with both halves drafting
+    (lookup on every repeated token), each q the model drafter returned equals a fresh drafter's on the
+    same context, fed the same drafts. Before the fix about half of them differed."""
+    calls = []
+    model = recording(ModelDrafter(close_draft), calls)
+    hybrid = LookupThenDrafter(model, PromptLookupDrafter(max_ngram=2, min_ngram=1))
+    prompt = torch.tensor([3, 9, 27, 17, 51, 25, 11, 33, 35, 41])
+    speculative_generate(target, hybrid, prompt[None], max_new_tokens=80, gamma=4, do_sample=True,
+                         generator=torch.Generator().manual_seed(0))
+    assert hybrid.rounds["lookup"] >= 5 and hybrid.rounds["fallback"] >= 5, hybrid.rounds
+    for context, tokens, logits in calls:
+        recomputed = []
+        ModelDrafter(close_draft).propose(context, len(tokens), forced_onto(tokens, recomputed))
+        torch.testing.assert_close(torch.stack(recomputed), logits, atol=1e-4, rtol=1e-4)

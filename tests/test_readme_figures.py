@@ -1,0 +1,326 @@
+"""Every figure the README quotes from a notebook or a results file is read from that source here.
+
+``FIGURES`` maps a phrase of the README (a regular expression over its text, line breaks ignored) with one group
+per quoted figure to where each figure comes from: a value a notebook ``record``-ed, a constant of a notebook's
+code, a key of a JSON file or a line of a log in ``assets/results/``. A quoted figure must equal its source
+rounded to the digits the README shows. Re-executing a notebook or re-running a benchmark therefore fails this
+test until the README says what the new outputs say. A second test makes the table complete: every measured
+figure in the README's result sections (a decimal number, or a number followed by ×, ms, % or GiB) must belong
+to one of the phrases below, so that no new figure escapes the check. Fast: JSON and text only.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+
+import pytest
+from claims_eval import recorded_values
+
+from specdec_edu.theory import expected_speedup
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "assets" / "results"
+H200 = RESULTS / "gpu_h200_2026-11-30"
+
+
+def flat(text: str) -> str:
+    """The text with every run of whitespace made one space: line wrapping does not matter."""
+    return " ".join(text.split())
+
+
+README = flat((ROOT / "README.md").read_text(encoding="utf-8"))
+
+
+# ---- sources ------------------------------------------------------------------------------------------------
+
+@cache
+def notebook(number: str) -> dict:
+    path = next((ROOT / "notebooks").glob(f"{number}_*.ipynb"))
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def nb(number: str, name: str) -> Callable[[], float]:
+    """A value notebook ``number`` stored with ``record(name=...)``."""
+    return lambda: recorded_values(notebook(number))[name]
+
+
+def nb_code(number: str, pattern: str) -> Callable[[], float]:
+    """A constant in notebook ``number``'s code cells (the first group of ``pattern``)."""
+    def read():
+        code = "\n".join("".join(c["source"]) for c in notebook(number)["cells"] if c["cell_type"] == "code")
+        return float(re.search(pattern, code).group(1))
+    return read
+
+
+@cache
+def result(name: str) -> dict:
+    return json.loads((RESULTS / name).read_text())
+
+
+def js(name: str, *keys) -> Callable[[], float]:
+    """``assets/results/<name>``, then ``[key][key]…``."""
+    def read():
+        value = result(name)
+        for key in keys:
+            value = value[key]
+        return value
+    return read
+
+
+def log(name: str, pattern: str, group: int = 1) -> Callable[[], float]:
+    """A number in a committed log of the H200 run (``assets/results/gpu_h200_2026-11-30/``)."""
+    return lambda: float(re.search(pattern, (H200 / name).read_text(), re.MULTILINE).group(group).replace(",", ""))
+
+
+def ratio(a: Callable, b: Callable) -> Callable[[], float]:
+    return lambda: a() / b()
+
+
+def spread(*sources: Callable) -> tuple[Callable, Callable]:
+    """The smallest and the largest of several sources: a range the README quotes as "low–high"."""
+    return (lambda: min(s() for s in sources)), (lambda: max(s() for s in sources))
+
+
+BENCH, LOOKUP, FEATURES = "bench_cpu_model.json", "bench_cpu_prompt_lookup.json", "feature_drafters_cpu.json"
+SMOLLM2, EXACT = "run1_gpu_smollm2.log", "run1_gpu_exact.log"
+H200_STEP_MS = log(SMOLLM2, r"^\s+1 tokens:\s+([\d.]+) ms")
+H200_GIB = log(SMOLLM2, r"target \d+M params \(([\d.]+) GiB\)")
+H200_NOMINAL_TBS = lambda: float(re.search(r"≈ ([\d.]+) TB/s nominal", (H200 / "README.md").read_text()).group(1))  # noqa: E731
+H200_FLOOR_MS = lambda: H200_GIB() * 2**30 / (H200_NOMINAL_TBS() * 1e12) * 1e3  # noqa: E731
+H200_C = log(SMOLLM2, r"c = ([\d.]+) \(draft step")
+H200_EAGER = log(SMOLLM2, r"^\s+0\.00\s+1\.000(?:\s+[\d.]+){3}\s+([\d.]+)×")
+GRAPHS = ("run3_gpu_sharp.json", "variants", "compiled-reduce-overhead")  # under gpu_h200_2026-11-30/
+GRAPHS_C = js(f"gpu_h200_2026-11-30/{GRAPHS[0]}", *GRAPHS[1:], "c")
+H200_PARAM_RATIO = ratio(log(SMOLLM2, r"target (\d+)M params"), log(SMOLLM2, r"draft (\d+)M"))
+DRAFT_ALPHAS = spread(nb("00", "alpha_model"), nb("00", "alpha_demo"), nb("02", "alpha_model"), nb("06", "alpha"))
+CPU_VERIFY_COSTS = spread(nb("01", "t5_ratio"), nb("06", "verify_cost"), nb("07", "vc5"), nb("08", "vc"))
+
+
+def feature(drafter: str, key: str):
+    """Over γ = 2, 3, 4 of ``feature_drafters_cpu.json``: (smallest, largest) ``key`` of one drafter."""
+    return spread(*[js(FEATURES, "drafters", drafter, g, key) for g in ("2", "3", "4")])
+
+
+def one_of(pair):
+    """A range that the README quotes as one number: both ends must round to it."""
+    return pair
+
+
+def drift_cut():
+    """How much training-time test raised EAGLE's agreement at passes 2 and 3, relative to no remedy (%)."""
+    runs = result("feature_drafters_remedies_cpu.json")["runs"]
+    plain = runs["no remedy (unroll 1, noise 0)"]["validation_top1_per_pass"]
+    ttt = next(r for name, r in runs.items() if name.startswith("training-time test"))["validation_top1_per_pass"]
+    return 100 * sum(ttt[i] / plain[i] - 1 for i in (1, 2)) / 2
+
+
+def round_overhead():
+    """The loop's own share of a round (accept/resample, cache crop, other Python), in %."""
+    phases = result(BENCH)["round_profile_ms"]
+    return 100 * (phases["accept_resample"] + phases["cache_crop"] + phases["python_overhead"]) / sum(phases.values())
+
+
+def graphs_prediction():
+    """Leviathan's speedup for the CUDA-graph draft's measured c and α, at γ = 4."""
+    run = result(f"gpu_h200_2026-11-30/{GRAPHS[0]}")
+    for key in GRAPHS[1:]:
+        run = run[key]
+    return expected_speedup(run["alpha_noise0.2"], 4, run["c"])
+
+
+def tok_s(name: str, method: str):
+    return js(name, "tok_s", method)
+
+
+def vs_target(name: str, method: str):
+    return ratio(tok_s(name, method), tok_s(name, "target_only"))
+
+
+def batched(batch: int, key: str):
+    return lambda: next(row[key] for row in result(BENCH)["batched"] if row["batch"] == batch)
+
+
+NUM = r"([\d.,]+)"
+
+# (the README's phrase, one regex group per figure; the source of each figure, in order)
+FIGURES: list[tuple[str, list]] = [
+    # The course table, notebook 01
+    (rf"a one-token step \(≈ {NUM} ms\) sits {NUM}× above its floor \(≈ {NUM} ms\)",
+     [nb("01", "step_ms"), ratio(nb("01", "step_ms"), nb("01", "mem_floor_ms")), nb("01", "mem_floor_ms")]),
+    (rf"on an H200 the course's 1\.7B target, eager, is flat from 1 to {NUM} tokens yet {NUM}× above its floor",
+     [log(SMOLLM2, r"^\s+(\d+) tokens:.*\n(?!\s+\d+ tokens)"), ratio(H200_STEP_MS, H200_FLOOR_MS)]),
+    (rf"costs more per step than the target \(c = {NUM}\)\. A large model", [H200_C]),
+    (rf"the worked example's 70B target: ≈ {NUM} ms of weight reads", [nb("01", "gpu_mem_floor_70b_ms")]),
+    # The embedded pair
+    (rf"is {NUM}–{NUM} in the notebooks' single-prompt runs \(notebooks 00, 02, 06\) and {NUM} pooled",
+     [*DRAFT_ALPHAS, js(BENCH, "alpha")]),
+    (rf"speculative decoding ran at {NUM}× even with a perfect drafter", [H200_EAGER]),
+    # Measured on this machine: the side-by-side benchmark
+    (rf"\| target-only \(ours\) \| {NUM} \| {NUM} \| \| target-only \(HF `generate`\) \| {NUM} \| {NUM} \|",
+     [tok_s(BENCH, "target_only"), vs_target(BENCH, "target_only"), tok_s(BENCH, "hf_target_only"),
+      vs_target(BENCH, "hf_target_only")]),
+    (rf"\*\*speculative, embedded draft \(ours\)\*\* \| \*\*{NUM}\*\* \| \*\*{NUM}\*\* \|",
+     [tok_s(BENCH, "speculative"), js(BENCH, "speedup")]),
+    (rf"same γ = 4 \| {NUM} \| {NUM} \| .{{0,80}}HF's defaults \| {NUM} \| {NUM} \|",
+     [tok_s(BENCH, "hf_assisted"), vs_target(BENCH, "hf_assisted"), tok_s(BENCH, "hf_assisted_default"),
+      vs_target(BENCH, "hf_assisted_default")]),
+    (rf"Ours / HF assisted at the same γ: \*\*{NUM}×\*\*\. The run's own α = {NUM}, c = {NUM}: Leviathan's formula "
+     rf"predicts {NUM}×; .{{0,80}}costs {NUM} one-token steps, .{{0,40}}it predicts {NUM}×; measured {NUM}×\. One round: "
+     rf"draft {NUM} ms, verify forward {NUM} ms, accept/resample {NUM} ms, cache crop {NUM} ms, other Python {NUM} ms "
+     rf"— the loop's own overhead is ≈ {NUM} %",
+     [js(BENCH, "speculative_vs_hf_assisted"), js(BENCH, "alpha"), js(BENCH, "c"), js(BENCH, "predicted_speedup"),
+      js(BENCH, "verify_cost"), js(BENCH, "predicted_speedup_measured_verify"), js(BENCH, "speedup"),
+      *[js(BENCH, "round_profile_ms", k) for k in ("draft", "verify_forward", "accept_resample", "cache_crop",
+                                                    "python_overhead")], round_overhead]),
+    (rf"\| target-only \(ours\) \| {NUM} \| {NUM} \| \| \*\*prompt lookup \(ours\)\*\* \| \*\*{NUM}\*\* \| \*\*{NUM}\*\* \| "
+     rf"\| HF `generate\(prompt_lookup_num_tokens=4\)` \| {NUM} \| {NUM} \|",
+     [tok_s(LOOKUP, "target_only"), vs_target(LOOKUP, "target_only"), tok_s(LOOKUP, "speculative"), js(LOOKUP, "speedup"),
+      tok_s(LOOKUP, "hf_prompt_lookup"), vs_target(LOOKUP, "hf_prompt_lookup")]),
+    (r" ".join(rf"\| {b} \| {NUM} \| {NUM} \| {NUM} \|" for b in (1, 4, 16)),
+     [batched(b, k) for b in (1, 4, 16) for k in ("target_only_tok_s", "speculative_tok_s", "speedup")]),
+    (rf"on its own prompts \({NUM}× at batch 1, {NUM}× at batch 16\)",
+     [nb("09", "batch_speedup_1"), nb("09", "batch_speedup_16")]),
+    # Measured on this machine: from the committed notebooks
+    (rf"target step ≈ {NUM} ms in notebook 06", [nb("06", "t_target_ms")]),
+    (rf"\| embedded draft \(γ = 4\) \| open chat questions \| {NUM} \| {NUM} \| \*\*{NUM}×\*\* \(Leviathan {NUM}×, "
+     rf"with the measured verify cost {NUM}×\) \| notebook 06",
+     [nb("06", "alpha"), nb("06", "tau_measured"), nb("06", "speedup"), nb("06", "ideal"), nb("06", "adjusted")]),
+    *[(rf"\| prompt lookup \(γ = {NUM}\) \| {task} \| — \| {NUM} \| (?:\*\*)?{NUM}×(?:\*\*)? \| notebook 08",
+       [nb_code("08", r"N_NEW, GAMMA_PL = \d+, (\d+)"), nb("08", f"pl_tau_{key}"), nb("08", f"pl_speedup_{key}")])
+      for task, key in [("rewrite a pasted paragraph", "rewrite"), ("extract from a pasted text", "extract"),
+                        ("open-ended question", "open")]],
+    (rf"best fixed γ = {NUM} / dynamic γ \| — \| 0\.8 \| — \| \*\*{NUM}×\*\* / {NUM} of it \| notebook 07",
+     [nb("07", "g_best_dial"), nb("07", "dial_best"), nb("07", "dyn_ratio_dial")]),
+    (rf"prompt lookup, best fixed γ = {NUM} / dynamic γ \| copy from the input \| — \| — \| \*\*{NUM}×\*\* / {NUM} of it",
+     [nb("07", "g_best_lookup"), nb("07", "lookup_best"), nb("07", "dyn_ratio_look")]),
+    (rf"open chat \| — \| — \| {NUM}× \(ours in the same run: {NUM}×\) \| notebook 10",
+     [nb("10", "speedup_hf_assisted"), nb("10", "speedup_ours")]),
+    (rf"\| EAGLE head \(γ = 4\) \| open chat \| {NUM} \| — \| {NUM}× \| notebook 11",
+     [nb("11", "alpha_eagle"), nb("11", "measured_eagle")]),
+    (rf"open question / rewrite \| {NUM} / {NUM} \| — \| {NUM}× / \*\*{NUM}×\*\* \| notebook 00",
+     [nb("00", "alpha_model"), nb("00", "alpha_lookup"), nb("00", "speedup_model"), nb("00", "speedup_lookup")]),
+    (rf"A verify pass over 5 tokens costs {NUM}–{NUM} one-token steps on this CPU \(notebooks 01, 06, 07, 08; {NUM} in",
+     [*CPU_VERIFY_COSTS, js(BENCH, "verify_cost")]),
+    (rf"too weak \(α {NUM}–{NUM}, above\)", [*DRAFT_ALPHAS]),
+    # On a GPU: the H200 run
+    (rf"p = {NUM} \(T = 1\) and {NUM} \(T = 0\.7, top-k 5\), n = {NUM} each; greedy batch-2 output identical to "
+     rf"target-only in {NUM} of {NUM} rows",
+     [log(EXACT, r"T=1\.0 .* p=([\d.]+)"), log(EXACT, r"T=0\.7 .* p=([\d.]+)"), log(EXACT, r"n=(\d+)"),
+      log(EXACT, r"identity on cuda: (\d+)/"), log(EXACT, r"identity on cuda: \d+/(\d+)")]),
+    (rf"one-token step takes {NUM} ms, flat up to {NUM} tokens per forward, against a memory floor of ≈ {NUM} ms "
+     rf"\({NUM} GiB at the nominal {NUM} TB/s\): {NUM}× above it",
+     [H200_STEP_MS, log(SMOLLM2, r"^\s+(\d+) tokens:.*\n(?!\s+\d+ tokens)"), H200_FLOOR_MS, H200_GIB, H200_NOMINAL_TBS,
+      ratio(H200_STEP_MS, H200_FLOOR_MS)]),
+    (rf"The 30-layer draft, {NUM}× smaller, costs more per step than the 24-layer target: c = {NUM}\.",
+     [H200_PARAM_RATIO, H200_C]),
+    (rf"perfect dial drafter: {NUM}× at α ≈ 1, γ = 4", [H200_EAGER]),
+    (rf"the draft step falls to {NUM} ms, c = {NUM}, and speculative decoding reaches {NUM}× at α = {NUM},",
+     [js(f"gpu_h200_2026-11-30/{GRAPHS[0]}", *GRAPHS[1:], key) for key in ("draft_ms_per_token", "c")]
+     + [js(f"gpu_h200_2026-11-30/{GRAPHS[0]}", *GRAPHS[1:], key) for key in ("speedup_noise0.2", "alpha_noise0.2")]),
+    (rf"it cut the draft's c from {NUM} to {NUM}\.", [H200_C, GRAPHS_C]),
+    (rf"where Leviathan's formula with that c predicts ≈ {NUM}×", [graphs_prediction]),
+    (rf"on a pair where the draft is {NUM}× smaller than the target", [H200_PARAM_RATIO]),
+    # On a GPU: feature drafters
+    (rf"EAGLE reaches α {NUM}–{NUM} \({NUM}–{NUM}× target-only; {NUM}× sampled at T = 0\.7\), prompt lookup \+ EAGLE "
+     rf"α {NUM} \({NUM}–{NUM}×\) and Medusa α {NUM} \({NUM}–{NUM}×\); in notebook 11's own run \(greedy, γ = 4\) "
+     rf"EAGLE's α is {NUM} and it runs at {NUM}×",
+     [*feature("eagle", "alpha"), *feature("eagle", "speedup"), js(FEATURES, "drafters", "eagle", "sampled_T0.7", "speedup"),
+      one_of(feature("prompt-lookup+eagle", "alpha")), *feature("prompt-lookup+eagle", "speedup"),
+      one_of(feature("medusa", "alpha")), *feature("medusa", "speedup"), nb("11", "alpha_eagle"), nb("11", "measured_eagle")]),
+    (rf"cuts its drift across draft steps by about {NUM} %", [drift_cut]),
+    (rf"EAGLE would need α ≈ {NUM} for 1\.5×", [nb("11", "needed_eagle")]),
+    # FAQ (the side-by-side benchmark)
+    (rf"so verifying 5 tokens costs {NUM} one-token steps; with the weak embedded draft \(α = {NUM}, c = {NUM}\) "
+     rf"speculative decoding ran at \*\*{NUM}×\*\* target-only",
+     [js(BENCH, "verify_cost"), js(BENCH, "alpha"), js(BENCH, "c"), js(BENCH, "speedup")]),
+    (rf"prompt lookup on input-grounded prompts ran at \*\*{NUM}×\*\*\. The Python loop itself is ≈ {NUM} % of a round",
+     [js(LOOKUP, "speedup"), round_overhead]),
+    (rf"reverse: {NUM}× / {NUM}× / {NUM}× at batch 1 / 4 / 16", [batched(b, "speedup") for b in (1, 4, 16)]),
+]
+
+# Sections whose every measured figure must be one of the FIGURES, and the numbers there that are not measurements.
+CHECKED_SECTIONS = ["The course", "The embedded model pair", "Measured on this machine", "On a GPU", "FAQ"]
+NOT_FIGURES = [
+    r"\d+(?:\.\d+)?[BM]\b", r"Qwen2\.5", r"SmolLM2-[\d.]+", r"torch 2\.13", r"transformers 5\.24",  # names, versions
+    r"T = 0\.7", r"α ≈ 1, 0\.8, 0\.6, 0\.4", r"\| 0\.8 \|", r"1\.5×",  # settings and goals
+    r"p\(x\) = 0\.25, q\(x\) = 0\.5",  # a screenshot's slider values
+]
+MEASURED = re.compile(r"\d[\d,]*\.\d+|\d[\d,]*(?=×| ms| %| GiB)")
+
+
+def half_unit(quoted: str) -> float:
+    """Half of the last digit shown: "0.66" stands for anything in [0.655, 0.665]."""
+    decimals = len(quoted.split(".")[1]) if "." in quoted else 0
+    return 0.5 * 10.0 ** -decimals + 1e-9
+
+
+def mismatches(readme: str) -> list[str]:
+    """Every phrase missing from ``readme`` and every quoted figure that is not its source, rounded."""
+    problems = []
+    for pattern, sources in FIGURES:
+        match = re.search(pattern, readme)
+        if not match:
+            problems.append(f"the README no longer says: {pattern[:100]}")
+            continue
+        for quoted, source in zip(match.groups(), sources, strict=True):
+            for read in source if isinstance(source, tuple) else (source,):
+                value = float(read())
+                if abs(float(quoted.replace(",", "")) - value) > half_unit(quoted):
+                    problems.append(f"README says {quoted} in {match.group(0)[:80]!r}; its source says {value:.4g}")
+    return problems
+
+
+def section_spans(readme: str) -> list[tuple[int, int]]:
+    spans = []
+    for title in CHECKED_SECTIONS:
+        start = readme.index(f"## {title}")
+        end = readme.find(" ## ", start + 3)
+        spans.append((start, end if end >= 0 else len(readme)))
+    return spans
+
+
+def unchecked(readme: str) -> list[str]:
+    """Measured-looking numbers in the checked sections that no FIGURES phrase covers."""
+    covered = set()
+    for pattern, _ in FIGURES:
+        match = re.search(pattern, readme)
+        if match:
+            for g in range(1, len(match.groups()) + 1):
+                covered.update(range(*match.span(g)))
+    for pattern in NOT_FIGURES + [r"`[^`]*`"]:  # code is not prose: versions, flags, examples
+        for match in re.finditer(pattern, readme):
+            covered.update(range(*match.span()))
+    found = []
+    for start, end in section_spans(readme):
+        for match in MEASURED.finditer(readme, start, end):
+            if not set(range(*match.span())) <= covered:
+                found.append(f"{match.group(0)} in …{readme[max(0, match.start() - 60):match.end() + 10]}…")
+    return found
+
+
+def test_every_quoted_figure_equals_its_source():
+    problems = mismatches(README)
+    assert not problems, "\n".join(problems)
+
+
+def test_every_measured_figure_in_the_result_sections_has_a_source():
+    found = unchecked(README)
+    assert not found, "figures with no source in tests/test_readme_figures.py:\n" + "\n".join(found)
+
+
+def test_a_drifted_or_unsourced_figure_is_caught():
+    """Negative controls: a figure changed by one in its last digit, and a new figure with no source."""
+    quoted = re.search(FIGURES[0][0], README).group(2)  # the CPU step over its memory floor, e.g. "5.7"
+    drifted = README.replace(f"sits {quoted}× above", f"sits {float(quoted) + 0.1:.1f}× above", 1)
+    assert any("its source says" in p for p in mismatches(drifted))
+    gpu = README.index("## On a GPU")
+    assert unchecked(README[:gpu] + "## On a GPU It ran at 0.77×. " + README[gpu + len("## On a GPU"):])
+
+
+@pytest.mark.parametrize("pattern,sources", FIGURES, ids=[p[:40] for p, _ in FIGURES])
+def test_each_phrase_names_one_source_per_figure(pattern, sources):
+    assert re.compile(pattern).groups == len(sources), pattern
