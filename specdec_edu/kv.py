@@ -36,8 +36,8 @@ Version notes (tested with transformers 5.24 and 4.56.2; static caches also with
   a static sliding layer is a ring buffer that cannot be rolled back past the window
   in any version, so ``new_static_cache`` stores every layer in full (more memory,
   same attention: the mask still applies the window).
-- Static caches, three generations (checked with 4.56.2, 4.57.6, 5.2.0, 5.10.4, 5.17.0,
-  5.20.2 and 5.24.0):
+- Static caches, three generations (tested with 4.56.2, 5.2.0, 5.10.4, 5.17.0, 5.20.2
+  and 5.24.0):
 
   * 4.x and 5.0–5.9 write K/V at the forward's ``cache_position`` argument (and count a
     layer's length as its non-zero slots, which is wrong after a rollback: we never ask);

@@ -2,8 +2,9 @@
 
 A forward that appends n tokens to the KV cache walks over every weight once, whatever n
 is, so for small n its time grows slowly. For a large model on a GPU that is because the
-step is memory-bound (reading the weights dominates); for a small model on a CPU it is
-latency-bound (one-row matrix products and per-call overhead dominate; notebook 01).
+step is memory-bound (reading the weights dominates); for a small model on a CPU the
+weight reads and a fixed per-forward overhead (thousands of small calls) share the step
+(notebook 01 compares it with its memory floor, ``read_bandwidth``).
 These helpers measure the curve, and the draft/target cost ratio c, with medians over
 repeats (machines are noisy; one measurement is an anecdote).
 """
