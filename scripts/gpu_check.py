@@ -28,9 +28,10 @@ Sections, each timed, all printed and saved to ``--json``:
      fraction of the prediction reached;
   5–7. HF ``generate(assistant_model=draft)`` vs ours with the same random draft (α ≈ 0: the loops' overhead).
 
-Budget: the default size with ``--compile`` is sized for < 4 minutes on an H100/H200, compiling included. From the
-H200's eager step times (target 16 ms, draft 20 ms), the eager rows take ≈ 1 min and the compiled-draft rows ≈ 45 s.
-HF's assisted generation takes ≈ 30 s. The compiled target's compile time has not been measured yet.
+Budget: the default size with ``--compile`` is sized for < 4 minutes on an H100/H200, compiling included. Measured on
+the H200 with ``--compile --quick`` (run 4 in ``assets/results/gpu_h200_2026-11-30``): 163 s in all, of which the
+compiled-draft section took 56 s and the compiled draft + target section 93 s, most of both compiling. A compiled
+cache now compiles all its widths (1, 8 and 16 tokens) when it is made, inside the section that first uses it.
 The printed section times show where the time went. ``--size 7b`` runs two drafts, so use ``--quick`` there.
 """
 
@@ -164,13 +165,14 @@ class Check:
         gen = torch.Generator().manual_seed(0)
         self.prompt = torch.randint(0, self.vocab, (1, args.prompt_length), generator=gen).to(device)
         self.n_new = args.max_new_tokens
-        self.reference_new = autoregressive_generate(target, self.prompt, max_new_tokens=self.n_new).row(0)
+        self.reference_new = autoregressive_generate(target, self.prompt, max_new_tokens=self.n_new, compile=False).row(0)
         self.reference = torch.cat([self.prompt[0], self.reference_new])  # on the device: the dial builds q there
 
     def target_kwargs(self, mode: str) -> dict:
-        """The generate functions' extra arguments in ``mode``: a compiled target only in the last mode."""
+        """The generate functions' extra arguments in ``mode``: a compiled target only in the last mode (and an eager
+        one, said explicitly, in the others: the package's default compiles on CUDA)."""
         if mode != "compiled draft + target":
-            return {}
+            return {"compile": False}
         return {"compile": True, "compile_options": self.args.compile_options}
 
     def speculative(self, dial, gamma: int, mode: str, max_new_tokens: int | None = None, profile: bool = False):
@@ -197,7 +199,7 @@ def target_only_row(check: Check, mode: str, runs: list, read_bytes_per_s: float
     step = statistics.median(r.stats.verify_seconds / r.stats.rounds for r, _ in runs)  # prefill excluded
     weight_bytes = parameter_bytes(check.target)
     effective = weight_bytes / step
-    return {"mode": mode, "target": "compiled" if check.target_kwargs(mode) else "eager",
+    return {"mode": mode, "target": "compiled" if check.target_kwargs(mode)["compile"] else "eager",
             "tok_s": check.n_new / statistics.median(s for _, s in runs), "step_ms": 1e3 * step,
             "weight_bytes": weight_bytes, "effective_GB_s": effective / 1e9,
             "fraction_of_read_bandwidth": effective / read_bytes_per_s}
@@ -222,14 +224,6 @@ def speculative_row(check: Check, mode: str, label: str, point, dial, runs: list
             "identical_to_target": divergence is None, "divergence": divergence}
 
 
-def compile_every_width(check: Check, mode: str, drafter, max_gamma: int) -> None:
-    """Before the timed runs: one round at α = 1 for each γ' ≤ ``max_gamma``, so that every verify width γ' + 1
-    (which the last round of a run, cut short by max_new_tokens, may use) is compiled outside the timings."""
-    for gamma in range(1, max_gamma + 1):
-        check.speculative(ReplayDrafter(check.reference, 0.0, check.vocab, cost_model=drafter), gamma, mode,
-                          max_new_tokens=gamma + 1)
-
-
 def decoding_rows(check: Check, mode: str, drafters: dict, points: list, read_bytes_per_s: float) -> tuple[dict, list]:
     """Target-only and speculative decoding in ``mode``, interleaved: the target-only row and one row per (draft, point)."""
     kw, target, prompt, n_new = check.target_kwargs(mode), check.target, check.prompt, check.n_new
@@ -238,8 +232,6 @@ def decoding_rows(check: Check, mode: str, drafters: dict, points: list, read_by
         for point in points:
             dial = dials[label, point] = ReplayDrafter(check.reference, point[0], check.vocab, cost_model=drafter)
             fns[label, point] = lambda dial=dial, g=point[1]: check.speculative(dial, g, mode)
-        if mode != "eager":
-            compile_every_width(check, mode, drafter, max(g for _, g in points))
     runs = check.benchmark(fns)
     base = target_only_row(check, mode, runs["target"], read_bytes_per_s)
     rows = [speculative_row(check, mode, label, point, dial, runs[label, point], runs["target"], base["step_ms"] / 1e3)
@@ -264,8 +256,8 @@ def hf_comparison(check: Check, draft, gamma: int, n_new: int) -> dict:
     target, prompt, mask = check.target, check.prompt, torch.ones_like(check.prompt)
     configure_hf_assistant(draft, gamma)
     fns = {
-        "target": lambda: autoregressive_generate(target, prompt, max_new_tokens=n_new).row(0),
-        "ours": lambda: speculative_generate(target, draft, prompt, max_new_tokens=n_new, gamma=gamma),
+        "target": lambda: autoregressive_generate(target, prompt, max_new_tokens=n_new, compile=False).row(0),
+        "ours": lambda: speculative_generate(target, draft, prompt, max_new_tokens=n_new, gamma=gamma, compile=False),
         "hf": lambda: target.generate(prompt, attention_mask=mask, assistant_model=draft, max_new_tokens=n_new,
                                       do_sample=False, pad_token_id=0)[0, prompt.shape[1]:],
     }
@@ -362,14 +354,16 @@ def main(argv=None) -> dict:
         modes.remove("compiled draft + target")
         notes.append("skipped 'compiled draft + target': speculative_generate / autoregressive_generate take no compile= here")
         print(f"\nnote: {notes[-1]}")
-    compiled = {label: ModelDrafter(m, static_cache=True, max_cache_len=args.prompt_length + check.n_new + g + 16,
-                                    compile=True, compile_options=args.compile_options)
-                for label, m in drafts.items()} if args.compile else {}
+    compiled = {}  # label -> its compiled ModelDrafter, made (and so compiled) in the first compiled section
     out["compile"] = {"options": args.compile_options if args.compile else None, "modes": modes}
     out["target_only"], out["speculative"] = [], []
     for i, mode in enumerate(modes, start=4):
         with section(f"{i}. decoding, {mode} (α from the dial; {check.n_new} new tokens, medians of {args.repeats})",
                      seconds):
+            if mode != "eager" and not compiled:
+                compiled = {label: ModelDrafter(m, static_cache=True, max_cache_len=args.prompt_length + check.n_new + g + 16,
+                                                compile=True, compile_options=args.compile_options)
+                            for label, m in drafts.items()}
             base, rows = decoding_rows(check, mode, drafts if mode == "eager" else compiled, dial_points(g, args.quick), read)
             print_decoding(base, rows)
         out["target_only"].append(base)

@@ -11,7 +11,7 @@ Medusa) in ``models/``, the ``demo`` and ``bench`` commands in ``commands/``.
 
 from . import _moved
 from .drafters import Drafter, LookupThenDrafter, ModelDrafter, PromptLookupDrafter, draft_loop
-from .generate import autoregressive_generate, speculative_generate
+from .generate import autoregressive_generate, compiles_by_default, speculative_generate
 from .models.embedded import chat_prompt, default_pair, load_embedded_pair, load_pair
 from .models.feature_drafters import EagleDrafter, MedusaDrafter, load_drafter
 from .result import GenerationResult, GenerationStats
@@ -47,6 +47,7 @@ __all__ = [
     "GenerationStats",
     "autoregressive_generate",
     "speculative_generate",
+    "compiles_by_default",
     "logits_to_probs",
     "sample",
     "alpha_for_speedup",

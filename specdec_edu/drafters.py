@@ -178,14 +178,17 @@ class ModelDrafter:
             slots, masked or not); a generation that needs more raises, naming the fix.
         compile: run every forward (one-token steps, the catch-up feed, the prefill) through
             ``torch.compile``'d code of a few fixed input widths (needs ``static_cache=True``;
-            see ``kv.forward_padded``). Off by default: compiling takes seconds to minutes
-            and pays off only over many steps, mostly on a GPU.
+            see ``kv.forward_padded``). The cache is then the draft model's shared compiled
+            cache (``kv.shared_static_cache``: ``max_cache_len`` rounded up to a power of two,
+            at least 256). Off by default here: compiling takes seconds to minutes and pays off
+            only over many steps, on a GPU. ``speculative_generate(draft_model, compile=…)``
+            builds a compiled ModelDrafter for you (on CUDA by default).
         compile_options: keyword arguments for ``torch.compile``, over the defaults
-            ``dynamic=False, fullgraph=True`` (tests pass ``{"backend": "aot_eager"}``).
+            ``dynamic=False, fullgraph=True`` and, on CUDA, ``mode="reduce-overhead"`` (CUDA graphs;
+            see ``kv.full_compile_options``; tests pass ``{"backend": "aot_eager"}``).
             ``dynamic=False`` because each width always has the same shapes (ids ``[1, w]``,
             positions ``[w]``, a cache of ``max_cache_len`` slots) and the positions are a
             tensor argument, not Python ints: one compilation per width serves every step.
-            ``{"mode": "reduce-overhead"}`` adds CUDA graphs, which cut launch overhead further.
 
     **Cache bookkeeping without a device sync.** The cache holds the K/V of the last
     context plus the drafts fed after it (γ − 1: the last draft is never fed). To reuse
@@ -226,8 +229,11 @@ class ModelDrafter:
             max_cache_len = max_cache_len or getattr(model.config, "max_position_embeddings", None)
             if max_cache_len is None:
                 raise ValueError("static_cache=True needs max_cache_len (the model's config has no max_position_embeddings).")
-            # One object for all generations: compiled code is specialised to it, so each width compiles once.
-            self.static = kv.new_static_cache(self._net, max_cache_len, compile=compile, compile_options=compile_options)
+            # Compiled code is specialised to its cache, so a compiled drafter takes the draft model's shared
+            # one: every ModelDrafter of this model (one per call when speculative_generate wraps a bare
+            # model) reuses it, and each width compiles once.
+            self.static = (kv.shared_static_cache(self._net, max_cache_len, compile_options, role="draft") if compile
+                           else kv.new_static_cache(self._net, max_cache_len))
         self.reset()
 
     def reset(self) -> None:

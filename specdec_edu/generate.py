@@ -22,6 +22,7 @@ Python ``if``. The context lives on the host, where drafters and stop checks rea
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import torch
@@ -33,7 +34,7 @@ from .result import GenerationResult, GenerationStats, PhaseClock, RoundRecorder
 from .round import head_rows, max_positions, round_gamma, speculative_round
 from .sampling import GenerationConfig, check_generator, nonfinite_logits_error, sample
 
-__all__ = ["speculative_generate", "autoregressive_generate", "head_rows", "max_positions"]
+__all__ = ["speculative_generate", "autoregressive_generate", "compiles_by_default", "head_rows", "max_positions"]
 
 
 def validate_prompts(target, input_ids, attention_mask, generator):
@@ -61,8 +62,11 @@ def validate_prompts(target, input_ids, attention_mask, generator):
     return input_ids.to(target.device), attention_mask.to(target.device)
 
 
-def as_drafter(draft, target) -> Drafter:
-    """An HF model becomes a ModelDrafter, after checking that it can only propose token ids the target has."""
+def as_drafter(draft, target, compile: bool = False, compile_options: dict | None = None, positions: int = 0) -> Drafter:
+    """An HF model becomes a ModelDrafter, after checking that it can only propose token ids the target has.
+
+    With ``compile`` the ModelDrafter is compiled too, on the draft model's shared static cache with room
+    for ``positions`` (so the next call with this model reuses its compiled code)."""
     if not isinstance(draft, torch.nn.Module):
         if not hasattr(draft, "propose"):
             raise TypeError(f"draft must be a Hugging Face causal LM or a drafter with .propose(), got {type(draft).__name__}")
@@ -76,6 +80,8 @@ def as_drafter(draft, target) -> Drafter:
             "family (e.g. SmolLM2-135M for SmolLM2-1.7B), or use PromptLookupDrafter(). If the extra rows are only "
             f"padding, cap the draft's head: ModelDrafter(draft, head_size={head_rows(target)})."
         )
+    if compile:
+        return ModelDrafter(draft, static_cache=True, max_cache_len=positions, compile=True, compile_options=compile_options)
     return ModelDrafter(draft)
 
 
@@ -141,11 +147,31 @@ def target_cache(target, compile: bool, compile_options: dict | None, positions:
     return kv.shared_static_cache(target, positions, compile_options) if compile else kv.new_cache(target)
 
 
-def eager_because(compile: bool, reason: str | None) -> bool:
-    """``compile``, unless ``reason`` says why this call runs eager (then say so, in one line: never an error)."""
-    if compile and reason:
-        warnings.warn(f"compile=True: {reason}, so this call runs eager.", stacklevel=3)
-    return compile and not reason
+def compiles_by_default(device) -> bool:
+    """What ``compile=None`` (the default) means on ``device``: compile, or run eager?
+
+    ``$SPECDEC_EDU_COMPILE`` decides when set (``1``: compile, ``0``: eager). Otherwise: compile on
+    CUDA, where CUDA graphs took the SmolLM2-1.7B-shaped step from 14.1 ms to 2.43 ms (H200, run 4 in
+    ``assets/results/gpu_h200_2026-11-30``); run eager elsewhere. On this course's 2-core CPU the compiled
+    path ran speculative decoding 1.09× as fast as eager (``assets/results/bench_cpu_compiled.json``), but
+    compiling the embedded pair took about three minutes from a cold cache, in every new process
+    (``compile_cost_cpu.json``), and needs a C++ compiler; MPS is untested.
+    """
+    chosen = os.environ.get("SPECDEC_EDU_COMPILE", "").strip()
+    if chosen not in ("", "0", "1"):
+        raise ValueError(f"SPECDEC_EDU_COMPILE={chosen!r}: set it to 1 (compile) or 0 (eager), or unset it.")
+    return chosen == "1" if chosen else torch.device(device).type == "cuda"
+
+
+def resolve_compile(compile: bool | None, device, eager_reason: str | None) -> bool:
+    """Whether this call compiles. ``None``: as ``compiles_by_default`` says, wherever it can (a batch, or
+    a drafter that reads the target's features, quietly runs eager). ``True``: compile, unless
+    ``eager_reason`` says why this call cannot; then it runs eager and says so, in one line: never an error."""
+    if compile is None:
+        return compiles_by_default(device) and not eager_reason
+    if compile and eager_reason:
+        warnings.warn(f"compile=True: {eager_reason}, so this call runs eager.", stacklevel=3)
+    return bool(compile) and not eager_reason
 
 
 class OnePrompt:
@@ -226,7 +252,7 @@ def speculative_generate(
     pad_token_id=0,
     accept_fn=None,
     profile=False,
-    compile=False,
+    compile=None,
     compile_options=None,
 ) -> GenerationResult:
     """Generate from ``target`` with drafts from ``draft``; the output has the target's distribution.
@@ -247,15 +273,15 @@ def speculative_generate(
             Default: the rule itself (``verify_drafts``; ``greedy_verify`` when greedy).
         profile: wait for the device at every phase of a round, so that ``stats.phase_seconds``
             and the draft/verify times are exact on a GPU (slower there; free on a CPU).
-        compile: run every target forward (prefill, verify of every width γ' + 1) through
-            ``torch.compile``'d code on a static cache (``kv.forward_padded``); same output.
-            Compiles the target only: for a compiled draft, pass
-            ``ModelDrafter(draft, static_cache=True, compile=True)``. Off by default: compiling
-            takes seconds to minutes and pays off only over many tokens, mostly on a GPU (on a
-            CPU it does not). A batch, or a drafter that reads the target's features, runs
-            eager (with a warning).
-        compile_options: keyword arguments for ``torch.compile`` (e.g. ``{"mode": "reduce-overhead"}``
-            for CUDA graphs); see ``kv.new_static_cache``.
+        compile: run every forward through ``torch.compile``'d code on static caches
+            (``kv.forward_padded``): the target's (prefill, verify of every width γ' + 1) and,
+            when ``draft`` is a model, the draft's (a compiled ``ModelDrafter``); same output.
+            ``None`` (default): compiled on CUDA, eager elsewhere, or as ``$SPECDEC_EDU_COMPILE``
+            says (``compiles_by_default``). The first compiled call compiles each input width
+            (seconds to minutes); the next calls reuse it. A batch, or a drafter that reads the
+            target's features, runs eager (with a warning if you passed ``compile=True``).
+        compile_options: keyword arguments for ``torch.compile`` (default on CUDA:
+            ``{"mode": "reduce-overhead"}``, CUDA graphs); see ``kv.full_compile_options``.
 
     Generation stops at EOS, at ``max_new_tokens``, or when the sequence fills the target's
     ``max_position_embeddings``; ``result.stats.stopped_by`` says which. What each timer in
@@ -265,20 +291,22 @@ def speculative_generate(
         raise ValueError(f"gamma={gamma}: draft at least 1 token per round (typical values: 3–8).")
     config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k,
                               top_p=top_p, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
-    drafter = as_drafter(draft, target)
-    check_drafter_target(drafter, target)
     ids, mask = validate_prompts(target, input_ids, attention_mask, generator)
-    compile = eager_because(compile, "only single prompts are compiled, not batches" if ids.shape[0] > 1 else
-                            "the target's features (for this drafter) are not compiled" if wants_features(drafter) else None)
+    positions = ids.shape[1] + max_new_tokens + gamma  # what a cache must hold: prompt, output, the last round's drafts
+    compile = resolve_compile(compile, ids.device, "only single prompts are compiled, not batches" if ids.shape[0] > 1 else
+                              "the target's features (for this drafter) are not compiled" if wants_features(draft) else None)
+    drafter = as_drafter(draft, target, compile, compile_options, positions)
+    check_drafter_target(drafter, target)
     if ids.shape[0] > 1:
         return batched_speculative_generate(target, drafter, ids, mask, config, gamma=gamma, generator=generator,
                                             accept_fn=accept_fn, profile=profile)
     reset_drafter(drafter)  # a new generation: no draft cache or γ schedule carried over from the last one
     prompt = ids[0][mask[0].bool()]  # one row: just drop its padding
+    cache = target_cache(target, compile, compile_options, positions)  # compiling (once per model) happens before the clock
     max_pos, clock = max_positions(target), PhaseClock(prompt.device, profile)
-    cache = target_cache(target, compile, compile_options, len(prompt) + max_new_tokens + gamma)
     loop = OnePrompt(target, drafter, prompt, config, generator, cache)
     row = RoundRecorder(len(prompt), max_new_tokens=max_new_tokens, eos=config.eos, max_pos=max_pos, clock=clock)
+    row.stats.compiled = compile
     loop.prefill()
     row.stats.prefill_seconds = clock.lap()
     while not row.stats.stopped_by:
@@ -302,23 +330,24 @@ def autoregressive_generate(
     eos_token_id=None,
     attention_mask=None,
     pad_token_id=0,
-    compile=False,
+    compile=None,
     compile_options=None,
 ) -> GenerationResult:
     """The baseline: one target forward per token, same sampling code as ``speculative_generate``.
 
     ``compile``/``compile_options``: as in ``speculative_generate`` (compiled prefill and one-token
-    steps on a static cache), so that the baseline is as fast as the speculative run it is compared with."""
+    steps on a static cache; by default on CUDA only), so that the baseline is as fast as the
+    speculative run it is compared with."""
     config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k,
                               top_p=top_p, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
     ids, mask = validate_prompts(target, input_ids, attention_mask, generator)
-    compile = eager_because(compile, "only single prompts are compiled, not batches" if ids.shape[0] > 1 else None)
+    compile = resolve_compile(compile, ids.device, "only single prompts are compiled, not batches" if ids.shape[0] > 1 else None)
     if ids.shape[0] > 1:
         return batched_autoregressive_generate(target, ids, mask, config, generator=generator)
     prompt = ids[0][mask[0].bool()]
-    max_pos, stats, clock = max_positions(target), GenerationStats(), PhaseClock(prompt.device, False)
+    cache = target_cache(target, compile, compile_options, len(prompt) + max_new_tokens)  # compiles before the clock
+    max_pos, stats, clock = max_positions(target), GenerationStats(compiled=compile), PhaseClock(prompt.device, False)
     new: list[int] = []
-    cache = target_cache(target, compile, compile_options, len(prompt) + max_new_tokens)
     logits = kv.forward(target, prompt[None], cache, logits_to_keep=1).logits[0, -1]  # prefill → first next-token logits
     while True:
         token = logits.argmax() if not do_sample else sample(config.to_probs(logits), generator)

@@ -11,7 +11,7 @@ Two kinds of cache:
   which we keep on the host. Rollback just moves the write position back, and the slots
   beyond it (stale drafts) are hidden by the causal mask until they are overwritten.
   Fixed shapes are what ``torch.compile`` needs: with ``compile=True`` every forward runs
-  through compiled code of a few fixed input widths (1, 2, 4, 8, 16), padding the input up
+  through compiled code of a few fixed input widths (``WIDTHS``: 1, 8, 16), padding the input up
   to the next width (``forward_padded`` says why that cannot change the result).
 
 Version notes (tested with transformers 5.24 and 4.56.2; static caches also with 5.2.0, 5.10.4, 5.17.0):
@@ -152,9 +152,12 @@ def cache_length(cache) -> int:
 # ---- static caches --------------------------------------------------------------------------------
 
 # The input widths a compiled static cache runs: n new tokens are padded up to the smallest width >= n, and
-# longer inputs (a prefill) go in chunks of the largest. Decoding needs 1 (one-token step), 2 (catch-up
-# after a fully accepted round) and γ' + 1 (verify); a width is compiled the first time it is needed.
-WIDTHS = (1, 2, 4, 8, 16)
+# longer inputs (a prefill) go in chunks of the largest. Decoding needs 1 (a one-token step), 2 (a draft's
+# catch-up after a fully accepted round, padded to 8), γ' + 1 (a verify pass: 8 up to γ = 7) and 16 (prefill
+# chunks, or γ up to 15). Few widths, because each one is a compilation, and all of them are compiled when the
+# cache is made (on the H200 of assets/results, compiling a model's widths took about a minute); a padded slot
+# costs little on a GPU, where a forward's time hardly grows with its tokens (notebook 01).
+WIDTHS = (1, 8, 16)
 
 
 class StaticKV:
@@ -168,7 +171,8 @@ class StaticKV:
 
     With ``compile=True`` every forward goes through ``torch.compile``'d code of fixed
     shape (see ``forward_padded``): the K/V tensors get ``max(WIDTHS) − 1`` spare slots
-    after ``max_len`` for a padded tail, and each input width is compiled once.
+    after ``max_len`` for a padded tail, and each input width is compiled once, when the
+    cache is made.
     """
 
     def __init__(self, model: torch.nn.Module, max_len: int, *, compile: bool = False,
@@ -190,11 +194,11 @@ class StaticKV:
         # Looked up once, here: inside a compiled step, plain attributes are free to read.
         self.keyword = _cache_keyword(type(model).forward)
         self.takes_cache_position = _takes_cache_position(type(model).forward)  # 4.x writes static K/V there
-        # dynamic=False: every width is its own fixed-shape program. fullgraph=True: one graph per width, so
-        # no part of the forward runs eagerly between compiled pieces (a graph break would be an error).
-        self.compile_options = {"dynamic": False, "fullgraph": True, **(compile_options or {})}
+        self.compile_options = full_compile_options(model.device, compile_options)
         self._steps: dict[tuple, Callable] = {}  # (id(model), width) -> its compiled forward_at
         self._allocate(model)
+        if compile:
+            self._compile_every_width(model)
 
     @torch.no_grad()
     def _allocate(self, model: torch.nn.Module) -> None:
@@ -206,6 +210,14 @@ class StaticKV:
         """
         forward_at(model, torch.zeros(1, 1, dtype=torch.long, device=self.device), self, self.reserve(1))
         self.rollback(1)
+
+    @torch.no_grad()
+    def _compile_every_width(self, model: torch.nn.Module) -> None:
+        """Compile every width now, with one forward of zeros each, and forget them: no generation's timing
+        then includes compiling (``speculative_generate`` makes its caches before it starts the clock)."""
+        for width in self.widths:
+            forward_padded(model, torch.zeros(1, width, dtype=torch.long, device=self.device), self)
+            self.rollback(width)
 
     def reserve(self, n: int, width: int | None = None) -> torch.Tensor:
         """The next ``width`` (default ``n``) positions ``[width]`` on the model's device; the cache now
@@ -243,14 +255,30 @@ class StaticKV:
         return self._steps[key]
 
 
+def full_compile_options(device: torch.device, compile_options: dict | None) -> dict:
+    """The ``torch.compile`` keywords a compiled static cache uses: ``compile_options`` over the defaults.
+
+    ``dynamic=False``: every width is its own fixed-shape program. ``fullgraph=True``: one graph per
+    width, so no part of the forward runs eagerly between compiled pieces (a graph break would be an
+    error). On CUDA, unless the options name a mode, a backend or inductor options, also
+    ``mode="reduce-overhead"``: CUDA graphs, which replay a whole step with one launch. Measured on an
+    H200 (``assets/results/gpu_h200_2026-11-30``, run 4): the SmolLM2-1.7B-shaped step went from
+    14.1 ms eager to 2.43 ms.
+    """
+    options = dict(compile_options or {})
+    if torch.device(device).type == "cuda" and not options.keys() & {"mode", "backend", "options"}:
+        options["mode"] = "reduce-overhead"
+    return {"dynamic": False, "fullgraph": True, **options}
+
+
 def new_static_cache(model: torch.nn.Module, max_len: int, compile: bool = False,
                      compile_options: dict | None = None) -> StaticKV:
     """An empty static KV cache for ``model`` with room for ``max_len`` positions.
 
     ``compile=True``: ``forward`` then runs every input through ``torch.compile``'d code of a
     few fixed widths (see ``forward_padded``). ``compile_options`` go to ``torch.compile``
-    over ``dynamic=False, fullgraph=True``, e.g. ``{"mode": "reduce-overhead"}`` (CUDA graphs)
-    or, in tests, ``{"backend": "aot_eager"}``. Compiled code is specialised to this cache
+    over the defaults of ``full_compile_options`` (on CUDA: CUDA graphs), e.g. ``{"mode": "default"}``
+    (no CUDA graphs) or, in tests, ``{"backend": "aot_eager"}``. Compiled code is specialised to this cache
     (its ``max_len`` is a shape): keep the cache and reuse it for the next prompt, or use
     ``shared_static_cache``.
     """
@@ -299,25 +327,27 @@ def forward_padded(model: torch.nn.Module, input_ids: torch.Tensor, static: Stat
     return out
 
 
-_shared: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its compiled StaticKV
+_shared: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {role: its compiled StaticKV}
 
 
-def shared_static_cache(model: torch.nn.Module, min_len: int, compile_options: dict | None = None) -> StaticKV:
+def shared_static_cache(model: torch.nn.Module, min_len: int, compile_options: dict | None = None,
+                        role: str = "target") -> StaticKV:
     """An empty compiled static cache for ``model`` with room for ``min_len`` positions: the same
-    object at every call for this model (and these options), rewound.
+    object at every call for this model, role (and these options), rewound.
 
     Why one shared cache per model: compiled code is specialised to its cache (``max_len`` is
     a shape, the cache an input), so a fresh cache per generation would compile every width
-    again. The generation loops use this for the target (a drafter keeps its own cache). The
-    length is ``min_len`` rounded up to a power of two, at least 256, so that generations of
-    similar length share one cache; a longer one replaces it (and compiles again, once).
-    The store holds models weakly: it never keeps a model alive.
+    again. The generation loops use this for the target (``role="target"``) and for a draft
+    model they wrap themselves (``role="draft"``, see ``ModelDrafter``): one model can be both in
+    one generation, with two caches. The length is ``min_len`` rounded up to a power of two, at
+    least 256, so that generations of similar length share one cache; a longer one replaces it
+    (and compiles again, once). The store holds models weakly: it never keeps a model alive.
     """
-    static = _shared.get(model)
-    options = {"dynamic": False, "fullgraph": True, **(compile_options or {})}
+    caches = _shared.setdefault(model, {})
+    static, options = caches.get(role), full_compile_options(model.device, compile_options)
     if static is None or static.max_len < min_len or static.compile_options != options:
         static = new_static_cache(model, max(256, 1 << (min_len - 1).bit_length()), compile=True,
                                   compile_options=compile_options)
-        _shared[model] = static
+        caches[role] = static
     static.rollback(static.length)
     return static

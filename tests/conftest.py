@@ -21,6 +21,9 @@ torch.set_num_threads(int(os.environ.get("SPECDEC_TEST_THREADS", "1")))
 # SPECDEC_EDU_QUICK=0 runs the full settings under pytest too. This file is loaded when pytest collects tests/
 # (plain `pytest` does); `pytest notebooks/NN_x.ipynb` alone does not load it: set the variable yourself there.
 os.environ.setdefault("SPECDEC_EDU_QUICK", "1")
+# compile=None means "as $SPECDEC_EDU_COMPILE says, else compiled on CUDA only": the tests (and the notebooks they
+# execute) run the CPU default, whatever the shell that started them had set.
+os.environ.pop("SPECDEC_EDU_COMPILE", None)
 
 
 def tiny_llama(seed: int, vocab_size: int = 64, hidden: int = 64, layers: int = 2, init: float = 0.2, max_positions: int = 256):

@@ -156,3 +156,24 @@ def test_bench_cli_rejects_bad_batch_sizes():
     for bad in (["--batch-sizes", "1,x"], ["--batch-sizes", "0"], ["--batch-sizes", "4", "--drafter", "prompt-lookup"]):
         with pytest.raises(SystemExit, match="batch-sizes"):
             main(parser.parse_args(bad))
+
+
+def test_bench_compiled_runs_the_eager_twins_beside(target, closer_draft, one_second_per_call, monkeypatch):
+    """``compile=True``: our two methods run compiled, and their eager twins run in the same interleaved benchmark,
+    so that one run says what compiling changes (``compiled_over_eager``); every output is still the target's.
+    (The aot_eager backend, as in test_compiled.py: the CPU's inductor would compile C++ for minutes.)"""
+    from specdec_edu import kv
+
+    monkeypatch.setattr(kv, "full_compile_options", lambda device, options: {"dynamic": False, "fullgraph": True,
+                                                                              "backend": "aot_eager"})
+    inputs = [torch.tensor([[1, 2, 3, 4]])]
+    result = run_bench(target, closer_draft, inputs, drafter="model", gamma=3, max_new_tokens=12, repeats=1, progress=False,
+                       compile=True)
+    methods = ["target_only", "hf_target_only", "speculative", "target_only_eager", "speculative_eager", "hf_assisted",
+               "hf_assisted_default"]
+    check_summary(result, methods, gamma=3, repeats=1, tok_s=dict.fromkeys(methods, 12.0))
+    assert result["compiled"] and result["compiled_over_eager"] == {"target_only": 1.0, "speculative": 1.0}
+    assert format_table(result).startswith("our methods: compiled")
+    eager = run_bench(target, closer_draft, inputs, drafter="model", gamma=3, max_new_tokens=12, repeats=1, progress=False)
+    assert not eager["compiled"] and "compiled_over_eager" not in eager  # the CPU default: eager, no twins
+    assert format_table(eager).startswith("our methods: eager")

@@ -4,6 +4,7 @@ None of this runs on Colab here; we check the pieces that decide what happens th
 """
 
 import json
+import os
 import sys
 import types
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from specdec_edu import compiles_by_default
 from specdec_edu.models.embedded import PAIRS, default_pair
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
@@ -58,3 +60,24 @@ def test_notebook_opens_well_on_colab(path):
     assert not any(pin in install for pin in ("torch==", "transformers==", "ipywidgets==")), "keep Colab's versions"
     setup = "".join(code[1]["source"])
     assert "PAIR = default_pair()" in setup, "the setup cell must let Colab pick the hub pair"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_colab_cell_says_which_path_and_can_turn_compiling_off(path, monkeypatch):
+    """Issue 18: on a Colab GPU the notebooks run the compiled path by default, with a switch to turn it off, and
+    the first cell's output says which path is on. The cell's Colab branch runs here with a fake Colab, its pip
+    line dropped: with a GPU it prints "path: compiled", with COMPILE set to False it prints "path: eager"."""
+    code = "".join(next(c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code")["source"])
+    body = "\n".join(line for line in code.splitlines() if not line.strip().startswith("!pip"))
+    monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
+    monkeypatch.setenv("SPECDEC_EDU_COMPILE", "")  # empty is unset; setenv makes monkeypatch restore what was there
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "Tesla T4")
+    printed = []
+    monkeypatch.setattr("builtins.print", lambda *args, **kwargs: printed.append(" ".join(map(str, args))))
+    exec(compile(body, path.name, "exec"), {})
+    assert printed[-1].startswith("GPU: Tesla T4 · pair: smollm2 · path: compiled"), printed
+    assert os.environ["SPECDEC_EDU_COMPILE"] == "1"
+    exec(compile(body.replace("COMPILE = torch.cuda.is_available()", "COMPILE = False"), path.name, "exec"), {})
+    assert printed[-1].endswith("path: eager") and os.environ["SPECDEC_EDU_COMPILE"] == "0"
+    assert not compiles_by_default("cuda")

@@ -8,6 +8,8 @@ conftest's, with a spy on ``forward`` installed before anything is compiled (a s
 later would change what dynamo guards on, and other tests share conftest's models).
 """
 
+import warnings
+
 import pytest
 import torch
 from conftest import perturbed_copy, tiny_llama
@@ -15,8 +17,9 @@ from test_edge_cases import count_loop_reads  # noqa: F401  (a fixture)
 from test_sequence_exactness import CONTROL_SETTINGS, THRESHOLD, exact_distribution, pvalue, sample_many
 from test_sequence_exactness import PROMPT as SMALL_PROMPT
 
-from specdec_edu import ModelDrafter, autoregressive_generate, kv, speculative_generate
+from specdec_edu import ModelDrafter, autoregressive_generate, compiles_by_default, kv, speculative_generate
 from specdec_edu.course.controls import BROKEN_RULES
+from specdec_edu.course.measure import forward_seconds
 
 COMPILE = {"backend": "aot_eager"}
 PROMPTS = [torch.tensor([[7, 8, 9, 10, 11]]), torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])]
@@ -56,7 +59,7 @@ def reference(target, prompt, max_new_tokens):
 
 
 def test_padding_does_not_change_logits(pair):
-    """Feeds of 19 (= 16 + 3, two chunks), 3, 1, 2, 5 and 7 tokens, padded to widths 16, 4, 1, 2, 8,
+    """Feeds of 19 (= 16 + 3, two chunks), 3, 1, 2, 5 and 7 tokens, padded to widths 16 and 8, 8, 1, 8, 8, 8
     with rollbacks of 0–3 between them: every real row's logits equal those of an eager dynamic
     cache, and so do the lengths (the padded tails are never counted)."""
     target = pair[0]
@@ -178,3 +181,110 @@ def test_chunked_prefill_survives_a_step_that_reuses_its_output_buffer(pair, mon
     with torch.no_grad():
         got = kv.forward(target, prompt, static).logits[0]
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+# ---- compile=None: compiled where it pays (CUDA), eager elsewhere, and a switch ----------------------------------
+
+
+def test_compiles_by_default_on_cuda_only_unless_the_switch_says(monkeypatch):
+    """``compile=None`` compiles on CUDA and runs eager on the CPU and MPS; ``$SPECDEC_EDU_COMPILE`` (1 or 0)
+    overrides both ways; any other value is an error that names the fix."""
+    monkeypatch.delenv("SPECDEC_EDU_COMPILE", raising=False)
+    assert [compiles_by_default(d) for d in ("cuda", "cpu", "mps", torch.device("cuda", 0))] == [True, False, False, True]
+    monkeypatch.setenv("SPECDEC_EDU_COMPILE", "0")
+    assert not compiles_by_default("cuda")
+    monkeypatch.setenv("SPECDEC_EDU_COMPILE", "1")
+    assert compiles_by_default("cpu")
+    monkeypatch.setenv("SPECDEC_EDU_COMPILE", "yes")
+    with pytest.raises(ValueError, match="set it to 1 .* or 0"):
+        compiles_by_default("cpu")
+
+
+def test_cuda_graphs_are_the_default_mode_on_cuda_only():
+    """On CUDA the compiled caches use ``mode="reduce-overhead"`` unless the options name a mode, a backend or
+    inductor options (torch.compile refuses a mode together with inductor options); never on the CPU."""
+    base = {"dynamic": False, "fullgraph": True}
+    assert kv.full_compile_options(torch.device("cuda"), None) == {**base, "mode": "reduce-overhead"}
+    assert kv.full_compile_options(torch.device("cuda"), {"mode": "default"}) == {**base, "mode": "default"}
+    assert kv.full_compile_options(torch.device("cuda"), COMPILE) == {**base, **COMPILE}
+    assert kv.full_compile_options(torch.device("cuda"), {"options": {"triton.cudagraphs": False}})["options"]
+    assert kv.full_compile_options(torch.device("cpu"), None) == base
+
+
+def test_the_default_on_a_cpu_is_eager(pair):
+    """No switch, on the CPU: both models run eager forwards and the stats say it was not compiled."""
+    target, draft, target_calls, draft_calls = pair
+    target_calls.count = draft_calls.count = 0
+    out = speculative_generate(target, draft, PROMPTS[0], max_new_tokens=8, gamma=3)
+    assert not out.stats.compiled and target_calls.count > 0 and draft_calls.count > 0
+    assert not autoregressive_generate(target, PROMPTS[0], max_new_tokens=4).stats.compiled
+
+
+def test_the_default_with_the_switch_compiles_a_bare_draft_model_too(pair, monkeypatch):
+    """``SPECDEC_EDU_COMPILE=1`` and a draft passed as a model: after one warm-up call, calls with other prompts
+    and γ run no eager forward of either model and compile nothing again (each call wraps the model in a new
+    ModelDrafter, which takes the model's shared compiled cache), and the tokens are ``generate``'s."""
+    target, draft, target_calls, draft_calls = pair
+    monkeypatch.setenv("SPECDEC_EDU_COMPILE", "1")
+    run = lambda prompt, gamma: speculative_generate(target, draft, prompt, max_new_tokens=24, gamma=gamma,
+                                                     compile_options=COMPILE)
+    run(PROMPTS[0], 4)
+    expected = [reference(target, prompt, 24) for prompt in PROMPTS]  # HF generate: eager forwards, not counted
+    target_calls.count = draft_calls.count = 0
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for i, gamma in [(1, 3), (0, 2)]:
+            out = run(PROMPTS[i], gamma)
+            base = autoregressive_generate(target, PROMPTS[i], max_new_tokens=24, compile_options=COMPILE)
+            assert out.stats.compiled and base.stats.compiled
+            assert out.row(0).tolist() == base.row(0).tolist() == expected[i], gamma
+    assert (target_calls.count, draft_calls.count) == (0, 0), "eager forwards of (target, draft)"
+
+
+def test_the_default_runs_a_batch_eager_without_a_warning(pair, monkeypatch):
+    """With the switch on, a batch runs eager quietly (only an explicit ``compile=True`` warns): notebook 09's
+    batched cells print no warning on a GPU."""
+    target, draft = pair[:2]
+    monkeypatch.setenv("SPECDEC_EDU_COMPILE", "1")
+    prompts = torch.cat([PROMPTS[0], PROMPTS[1][:, :5]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = speculative_generate(target, draft, prompts, max_new_tokens=8, gamma=3, compile_options=COMPILE)
+    assert not out.stats.compiled
+
+
+def test_one_model_as_draft_and_target_gets_two_compiled_caches():
+    """The same model as draft and target, compiled: a draft cache and a target cache (``role``), not one cache
+    that both write. Every draft is then accepted, and the tokens are ``generate``'s."""
+    model = tiny_llama(seed=5)
+    out = speculative_generate(model, model, PROMPTS[1], max_new_tokens=16, gamma=4, compile=True, compile_options=COMPILE)
+    assert out.row(0).tolist() == reference(model, PROMPTS[1], 16)
+    assert out.stats.accepted == out.stats.drafted > 0
+    caches = kv._shared[model]
+    assert set(caches) == {"target", "draft"} and caches["target"] is not caches["draft"]
+
+
+def test_forward_seconds_times_the_compiled_path_when_asked(pair):
+    """``forward_seconds(..., compile=True)`` times what a compiled generation runs: after its warm-up no forward
+    of the model runs eagerly; with ``compile=False`` (the default) every one does."""
+    target, _, target_calls, _ = pair
+    forward_seconds(target, 5, context_length=8, repeats=1, compile=True, compile_options=COMPILE)  # compiles
+    target_calls.count = 0
+    assert forward_seconds(target, 5, context_length=8, repeats=2, compile=True, compile_options=COMPILE) > 0
+    assert target_calls.count == 0
+    forward_seconds(target, 5, context_length=8, repeats=2)
+    assert target_calls.count == 1 + 1 + 2  # the prefill, the warm-up and two repeats, all eager
+
+
+def test_a_compiled_cache_compiles_every_width_when_it_is_made():
+    """Making a compiled cache compiles all its widths (one forward of zeros each), so that nothing compiles later,
+    inside a generation's clock: feeds of 1, 3, 12 and 20 tokens afterwards add no compiled frame."""
+    from torch._dynamo.utils import counters
+
+    model = tiny_llama(seed=7)
+    static = kv.new_static_cache(model, 48, compile=True, compile_options=COMPILE)
+    compiled = counters["frames"]["ok"]
+    assert set(static._steps) == {(id(model), w) for w in kv.WIDTHS} and kv.cache_length(static) == 0
+    with torch.no_grad():
+        for n in (1, 3, 12, 20):
+            kv.forward(model, torch.arange(1, n + 1)[None], static)
+    assert counters["frames"]["ok"] == compiled and kv.cache_length(static) == 36

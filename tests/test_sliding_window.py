@@ -85,3 +85,16 @@ def test_greedy_speculative_equals_generate(pair, gamma):
     for draft in (close_draft, ModelDrafter(unrelated_draft, static_cache=True, max_cache_len=96)):
         out = speculative_generate(target, draft, prompt, max_new_tokens=40, gamma=gamma)
         assert out.sequences[0, out.prompt_length:].tolist() == ref
+
+
+def test_compiled_path_past_the_window_equals_generate(pair):
+    """Both models compiled (static caches that keep every position; the mask applies the window), the aot_eager
+    backend as in test_compiled.py: greedy output past the window, γ = 2 and 5, token for token ``generate``'s."""
+    target, close_draft, _ = pair
+    prompt = torch.arange(3, 3 + 20)[None] % 64
+    ref = target.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=30, do_sample=False, pad_token_id=0)
+    for gamma in (2, 5):
+        out = speculative_generate(target, close_draft, prompt, max_new_tokens=30, gamma=gamma, compile=True,
+                                   compile_options={"backend": "aot_eager"})
+        assert out.stats.compiled and out.stats.accepted < out.stats.drafted  # rejections: the caches rolled back
+        assert out.row(0).tolist() == ref[0, prompt.shape[1]:].tolist(), gamma

@@ -18,7 +18,7 @@ import torch
 from ..course.experiments import interleaved_benchmark, timed
 from ..course.measure import forward_seconds
 from ..drafters import PromptLookupDrafter
-from ..generate import autoregressive_generate, speculative_generate
+from ..generate import autoregressive_generate, compiles_by_default, speculative_generate
 from ..models.feature_drafters import load_drafter
 from ..result import GenerationStats
 from ..theory import expected_speedup
@@ -79,18 +79,22 @@ def bench_drafter(kind: str, target, draft):
     return load_drafter(kind, target)
 
 
-def methods_for(target, draft, drafter: str, gamma: int, eos):
+def methods_for(target, draft, drafter: str, gamma: int, eos, compiled: bool = False):
     """{name: fn(ids, max_new_tokens) -> (new token ids, our stats or None)}.
 
     Hugging Face has a counterpart for the draft model (assisted generation) and for prompt lookup;
-    for EAGLE / Medusa we compare with target-only decoding only."""
-    def ours_target(ids, n):
-        r = autoregressive_generate(target, ids, max_new_tokens=n, eos_token_id=eos)
-        return r.row(0).tolist(), r.stats
-
-    def ours_spec(d):
+    for EAGLE / Medusa we compare with target-only decoding only. ``compiled``: our two methods run
+    compiled, and their eager twins (``*_eager``) run beside them, so that one run says what compiling
+    changes here (Hugging Face's loops run eager)."""
+    def ours_target(compile):
         def run(ids, n):
-            r = speculative_generate(target, d, ids, max_new_tokens=n, gamma=gamma, eos_token_id=eos)
+            r = autoregressive_generate(target, ids, max_new_tokens=n, eos_token_id=eos, compile=compile)
+            return r.row(0).tolist(), r.stats
+        return run
+
+    def ours_spec(d, compile):
+        def run(ids, n):
+            r = speculative_generate(target, d, ids, max_new_tokens=n, gamma=gamma, eos_token_id=eos, compile=compile)
             return r.row(0).tolist(), r.stats
         return run
 
@@ -100,8 +104,11 @@ def methods_for(target, draft, drafter: str, gamma: int, eos):
             return _hf_generate(target, ids, n, eos, assistant_model=draft), None
         return run
 
-    methods = {"target_only": ours_target, "hf_target_only": lambda ids, n: (_hf_generate(target, ids, n, eos), None)}
-    methods["speculative"] = ours_spec(bench_drafter(drafter, target, draft))
+    ours = bench_drafter(drafter, target, draft)
+    methods = {"target_only": ours_target(compiled), "hf_target_only": lambda ids, n: (_hf_generate(target, ids, n, eos), None)}
+    methods["speculative"] = ours_spec(ours, compiled)
+    if compiled:
+        methods["target_only_eager"], methods["speculative_eager"] = ours_target(False), ours_spec(ours, False)
     if drafter == "model":
         methods["hf_assisted"] = hf_assisted(gamma)
         methods["hf_assisted_default"] = hf_assisted(None)
@@ -110,10 +117,11 @@ def methods_for(target, draft, drafter: str, gamma: int, eos):
     return methods
 
 
-def profile_round(target, draft, ids, gamma: int, max_new_tokens: int = 32) -> dict[str, float]:
+def profile_round(target, draft, ids, gamma: int, max_new_tokens: int = 32, compiled: bool = False) -> dict[str, float]:
     """Median milliseconds of each phase of a round (draft, verify forward, accept/resample, cache crop),
     measured inside ``speculative_generate`` itself (``profile=True``: a device sync at every phase boundary)."""
-    run = lambda: speculative_generate(target, draft, ids, max_new_tokens=max_new_tokens, gamma=gamma, profile=True)
+    run = lambda: speculative_generate(target, draft, ids, max_new_tokens=max_new_tokens, gamma=gamma, profile=True,
+                                       compile=compiled)
     run()  # warm-up: first calls pay for allocations and lazy initialisation
     phases = run().stats.phase_seconds
     return {name: 1000 * statistics.median(seconds) for name, seconds in phases.items()}
@@ -132,15 +140,18 @@ def method_result(name: str, repeats: list[list]) -> MethodResult:
     return result
 
 
-def run_bench(target, draft, inputs, *, eos_token_id=None, drafter="model", gamma=4, max_new_tokens=64, repeats=3, progress=True):
+def run_bench(target, draft, inputs, *, eos_token_id=None, drafter="model", gamma=4, max_new_tokens=64, repeats=3,
+              progress=True, compile=None):
     """Run every method on every prompt (``inputs``: list of ``[1, n]`` ids), interleaved.
 
+    ``compile``: our methods' path, as in ``speculative_generate`` (``None``: compiled on CUDA only).
     Returns the result dictionary (tokens/s per method, α, τ, c, predictions, profile).
     """
     if drafter not in DRAFTERS:
         raise ValueError(f"drafter={drafter!r}: use one of {', '.join(map(repr, DRAFTERS))}")
-    methods = methods_for(target, draft, drafter, gamma, eos_token_id)
-    for fn in methods.values():  # warm-up: first calls pay for allocations and lazy init (8 tokens are enough)
+    compiled = compiles_by_default(target.device) if compile is None else bool(compile)
+    methods = methods_for(target, draft, drafter, gamma, eos_token_id, compiled)
+    for fn in methods.values():  # warm-up: first calls pay for allocations, lazy init and compiling (8 tokens are enough)
         fn(inputs[0], 8)
 
     def every_prompt(fn):  # one repeat of a method: each prompt timed on its own
@@ -149,7 +160,7 @@ def run_bench(target, draft, inputs, *, eos_token_id=None, drafter="model", gamm
     runs = interleaved_benchmark({name: every_prompt(fn) for name, fn in methods.items()}, repeats=repeats, warmup=0,
                                  progress=progress)
     results = {name: method_result(name, reps) for name, reps in runs.items()}
-    return summarise(target, draft, results, drafter, gamma, inputs)
+    return summarise(target, draft, results, drafter, gamma, inputs, compiled)
 
 
 def left_padded_batch(tokenizer, prompts: list[str], batch_size: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -213,12 +224,12 @@ def default_prompts(drafter: str) -> list[str]:
     return GROUNDED_PROMPTS if drafter == "prompt-lookup" else CHAT_PROMPTS
 
 
-def summarise(target, draft, results, drafter, gamma, inputs):
+def summarise(target, draft, results, drafter, gamma, inputs, compiled=False):
     spec, base = results["speculative"], results["target_only"]
     pooled, baseline = GenerationStats.pooled(spec.stats), GenerationStats.pooled(base.stats)
     alpha, tau, drafted = pooled.alpha, pooled.tau, pooled.drafted
     c = pooled.draft_seconds_per_token / baseline.target_seconds_per_forward if drafted else 0.0
-    verify_cost = forward_seconds(target, gamma + 1) / forward_seconds(target, 1)
+    verify_cost = forward_seconds(target, gamma + 1, compile=compiled) / forward_seconds(target, 1, compile=compiled)
     reference = base.outputs
     out = {
         "drafter": drafter,
@@ -237,7 +248,8 @@ def summarise(target, draft, results, drafter, gamma, inputs):
         "identical_outputs": {name: r.outputs == reference for name, r in results.items()},
         "tok_s": {name: r.median for name, r in results.items()},
         "tok_s_per_repeat": {name: r.tokens_per_second for name, r in results.items()},
-        "round_profile_ms": profile_round(target, bench_drafter(drafter, target, draft), inputs[0], gamma),
+        "round_profile_ms": profile_round(target, bench_drafter(drafter, target, draft), inputs[0], gamma, compiled=compiled),
+        "compiled": compiled,
         "device": str(target.device),
         "device_name": (torch.cuda.get_device_name() if target.device.type == "cuda"
                         else platform.processor() or platform.machine()),
@@ -249,6 +261,9 @@ def summarise(target, draft, results, drafter, gamma, inputs):
         out["hf_assisted_tok_s"] = results["hf_assisted"].median
         out["hf_assisted_default_tok_s"] = results["hf_assisted_default"].median
         out["speculative_vs_hf_assisted"] = spec.median / results["hf_assisted"].median
+    if compiled:
+        out["compiled_over_eager"] = {name: results[name].median / results[f"{name}_eager"].median
+                                      for name in ("target_only", "speculative")}
     if "hf_prompt_lookup" in results:
         out["hf_prompt_lookup_tok_s"] = results["hf_prompt_lookup"].median
         out["speculative_vs_hf_prompt_lookup"] = spec.median / results["hf_prompt_lookup"].median
@@ -267,7 +282,8 @@ def _versions():
 def format_table(result: dict) -> str:
     """A Markdown table of tokens/s and ratios to target-only."""
     base = result["target_only_tok_s"]
-    rows = ["| method | tok/s | × target-only | same tokens |", "|---|---:|---:|:---:|"]
+    path = "compiled (torch.compile; the *_eager rows beside them)" if result.get("compiled") else "eager"
+    rows = [f"our methods: {path}", "", "| method | tok/s | × target-only | same tokens |", "|---|---:|---:|:---:|"]
     for name, tps in result["tok_s"].items():
         same = "yes" if result["identical_outputs"][name] else "NO"
         rows.append(f"| {name} | {tps:.1f} | {tps / base:.2f} | {same} |")
@@ -323,6 +339,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--batch-sizes", metavar="LIST", default="",
                         help="also measure batched decoding at these batch sizes, e.g. 1,4,16 (model drafter only)")
     parser.add_argument("--batch-new-tokens", type=int, default=16, help="new tokens per row in the batch sweep")
+    parser.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
+                        help="our methods compiled (torch.compile on static KV caches) or eager; auto: compiled on CUDA "
+                        "only. When compiled, their eager twins run beside them")
 
 
 def main(args) -> int:
@@ -344,6 +363,7 @@ def main(args) -> int:
     result = run_bench(
         target, draft, inputs, eos_token_id=tokenizer.eos_token_id, drafter=args.drafter,
         gamma=args.gamma, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
+        compile={"auto": None, "on": True, "off": False}[args.compile],
     )
     result["pair"] = args.pair
     print(format_table(result))

@@ -403,7 +403,10 @@ def main(args: argparse.Namespace, out: TextIO | None = None) -> int:
     except EmbeddedModelError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print(f"running on {target.device}: warm-up, then target-only and speculative decoding "
+    from ..generate import compiles_by_default
+
+    path = "compiled (the warm-up compiles)" if compiles_by_default(target.device) else "eager"
+    print(f"running on {target.device}, {path}: warm-up, then target-only and speculative decoding "
           "alternately ...", file=sys.stderr, flush=True)
     run_demo(target, draft, tokenizer, settings, out)
     return 0

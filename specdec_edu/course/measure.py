@@ -21,17 +21,21 @@ from ..result import sync
 
 
 @torch.no_grad()
-def forward_seconds(model, n_new: int, context_length: int = 64, repeats: int = 5, warmup: int = 1) -> float:
+def forward_seconds(model, n_new: int, context_length: int = 64, repeats: int = 5, warmup: int = 1,
+                    compile: bool = False, compile_options: dict | None = None) -> float:
     """Median wall time of one forward that appends ``n_new`` tokens to a cache of ``context_length``.
 
     The cache is built once; after each timed forward it is cropped back, so every
-    repeat sees the same context length.
+    repeat sees the same context length. ``compile=True`` times the compiled path that
+    ``speculative_generate(..., compile=True)`` runs (the model's shared compiled static cache,
+    ``n_new`` padded to a compiled width; the warm-up compiles): pass a generation's
+    ``stats.compiled`` to time the forwards on the path that generation took.
     """
     vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(0)
     context = torch.randint(0, vocab, (1, context_length), generator=gen).to(model.device)
     new = torch.randint(0, vocab, (1, n_new), generator=gen).to(model.device)
-    cache = kv.new_cache(model)
+    cache = kv.shared_static_cache(model, context_length + n_new, compile_options) if compile else kv.new_cache(model)
     kv.forward(model, context, cache, logits_to_keep=1)
     times = []
     for i in range(warmup + repeats):

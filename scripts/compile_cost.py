@@ -1,0 +1,57 @@
+"""What the compiled path costs before it runs: seconds to compile a model's static-cache widths, from a cold cache.
+
+    python scripts/compile_cost.py --json assets/results/compile_cost_cpu.json   # the embedded pair, this device
+
+``speculative_generate(..., compile=True)`` compiles every width of a model's static cache (``kv.WIDTHS``) when it
+first makes that cache. This script times exactly that, for the pair's target and draft, with torch.compile's on-disk
+cache pointed at an empty folder, so that the figure is what a fresh machine (a new Colab runtime) pays once per
+process. ``python -m specdec_edu bench --compile on`` measures what compiling buys afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import tempfile
+import time
+
+os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor-cold-")  # before torch reads it: a cold cache
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+from specdec_edu import ModelDrafter, kv, load_pair  # noqa: E402
+from specdec_edu.result import sync  # noqa: E402
+
+
+def seconds(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - start
+
+
+parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+parser.add_argument("--pair", default="embedded")
+parser.add_argument("--device", default=None)
+parser.add_argument("--json", metavar="FILE")
+args = parser.parse_args()
+
+target, draft, _ = load_pair(args.pair, device=args.device)
+device = target.device
+out = {
+    "pair": args.pair, "device": str(device), "threads": torch.get_num_threads(), "widths": list(kv.WIDTHS),
+    "options": kv.full_compile_options(device, None),
+    "target_seconds": seconds(lambda: kv.shared_static_cache(target, 256)),
+    "draft_seconds": seconds(lambda: ModelDrafter(draft, static_cache=True, max_cache_len=256, compile=True)),
+    "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version()},
+    "command": "python scripts/compile_cost.py" + (f" --pair {args.pair}" if args.pair != "embedded" else ""),
+}
+print(f"compiling widths {out['widths']} on {device} from a cold cache: target {out['target_seconds']:.0f} s, "
+      f"draft {out['draft_seconds']:.0f} s")
+if args.json:
+    with open(args.json, "w") as f:
+        json.dump(out, f, indent=2)
+    print(f"wrote {args.json}")
