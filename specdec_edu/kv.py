@@ -216,8 +216,10 @@ class StaticKV:
         """Compile every width now, with one forward of zeros each, and forget them: no generation's timing
         then includes compiling (``speculative_generate`` makes its caches before it starts the clock)."""
         for width in self.widths:
-            forward_padded(model, torch.zeros(1, width, dtype=torch.long, device=self.device), self)
-            self.rollback(width)
+            n = min(width, self.max_len)  # a cache shorter than a width still runs it: the padded tail has spare slots
+            self.compiled_step(model, width)(model, torch.zeros(1, width, dtype=torch.long, device=self.device), self,
+                                             self.reserve(n, width))
+            self.rollback(n)
 
     def reserve(self, n: int, width: int | None = None) -> torch.Tensor:
         """The next ``width`` (default ``n``) positions ``[width]`` on the model's device; the cache now

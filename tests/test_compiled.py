@@ -288,3 +288,16 @@ def test_a_compiled_cache_compiles_every_width_when_it_is_made():
         for n in (1, 3, 12, 20):
             kv.forward(model, torch.arange(1, n + 1)[None], static)
     assert counters["frames"]["ok"] == compiled and kv.cache_length(static) == 36
+
+
+def test_a_compiled_cache_shorter_than_a_width_still_compiles_and_matches_eager():
+    """A 5-position compiled cache (shorter than the widths 8 and 16): making it compiles every width, and feeds
+    of 3 and 2 tokens give the logits of an eager dynamic cache; a sixth position is refused, naming the fix."""
+    model = tiny_llama(seed=8)
+    static, eager = kv.new_static_cache(model, 5, compile=True, compile_options=COMPILE), kv.new_cache(model)
+    with torch.no_grad():
+        for ids in (torch.tensor([[4, 5, 6]]), torch.tensor([[7, 8]])):
+            torch.testing.assert_close(kv.forward(model, ids, static).logits, kv.forward(model, ids, eager).logits,
+                                       rtol=1e-5, atol=1e-5)
+        with pytest.raises(ValueError, match="max_cache_len"):
+            kv.forward(model, torch.tensor([[9]]), static)
