@@ -277,9 +277,10 @@ def speculative_generate(
             (``kv.forward_padded``): the target's (prefill, verify of every width γ' + 1) and,
             when ``draft`` is a model, the draft's (a compiled ``ModelDrafter``); same output.
             ``None`` (default): compiled on CUDA, eager elsewhere, or as ``$SPECDEC_EDU_COMPILE``
-            says (``compiles_by_default``). The first compiled call compiles each input width
-            (seconds to minutes); the next calls reuse it. A batch, or a drafter that reads the
-            target's features, runs eager (with a warning if you passed ``compile=True``).
+            says (``compiles_by_default``). The first compiled call with a model compiles all its
+            input widths (seconds to minutes) before the clock starts, so ``stats`` never include
+            it; later calls reuse them. A batch, or a drafter that reads the target's features,
+            runs eager (with a warning if you passed ``compile=True``).
         compile_options: keyword arguments for ``torch.compile`` (default on CUDA:
             ``{"mode": "reduce-overhead"}``, CUDA graphs); see ``kv.full_compile_options``.
 
