@@ -15,7 +15,6 @@ import json
 import os
 import platform
 import tempfile
-import time
 
 os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor-cold-")  # before torch reads it: a cold cache
 
@@ -23,15 +22,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 from specdec_edu import ModelDrafter, kv, load_pair  # noqa: E402
-from specdec_edu.result import sync  # noqa: E402
-
-
-def seconds(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    sync(device)
-    return time.perf_counter() - start
-
+from specdec_edu.course.experiments import timed  # noqa: E402
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 parser.add_argument("--pair", default="embedded")
@@ -44,8 +35,8 @@ device = target.device
 out = {
     "pair": args.pair, "device": str(device), "threads": torch.get_num_threads(), "widths": list(kv.WIDTHS),
     "options": kv.full_compile_options(device, None),
-    "target_seconds": seconds(lambda: kv.shared_static_cache(target, 256)),
-    "draft_seconds": seconds(lambda: ModelDrafter(draft, static_cache=True, max_cache_len=256, compile=True)),
+    "target_seconds": timed(lambda: kv.shared_static_cache(target, 256), device)[1],
+    "draft_seconds": timed(lambda: ModelDrafter(draft, static_cache=True, max_cache_len=256, compile=True), device)[1],
     "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version()},
     "command": "python scripts/compile_cost.py" + (f" --pair {args.pair}" if args.pair != "embedded" else ""),
 }

@@ -18,7 +18,7 @@ import torch
 from ..course.experiments import interleaved_benchmark, timed
 from ..course.measure import forward_seconds
 from ..drafters import PromptLookupDrafter
-from ..generate import autoregressive_generate, compiles_by_default, speculative_generate
+from ..generate import autoregressive_generate, resolve_compile, speculative_generate
 from ..models.feature_drafters import load_drafter
 from ..result import GenerationStats
 from ..theory import expected_speedup
@@ -149,7 +149,7 @@ def run_bench(target, draft, inputs, *, eos_token_id=None, drafter="model", gamm
     """
     if drafter not in DRAFTERS:
         raise ValueError(f"drafter={drafter!r}: use one of {', '.join(map(repr, DRAFTERS))}")
-    compiled = compiles_by_default(target.device) if compile is None else bool(compile)
+    compiled = resolve_compile(compile, target.device, None)
     methods = methods_for(target, draft, drafter, gamma, eos_token_id, compiled)
     for fn in methods.values():  # warm-up: first calls pay for allocations, lazy init and compiling (8 tokens are enough)
         fn(inputs[0], 8)
