@@ -9,7 +9,6 @@ exercises, χ² harness, measurements) are in ``course/``, model loading (the em
 Medusa) in ``models/``, the ``demo`` and ``bench`` commands in ``commands/``.
 """
 
-from . import _moved
 from .drafters import Drafter, LookupThenDrafter, ModelDrafter, PromptLookupDrafter, draft_loop
 from .generate import autoregressive_generate, compiles_by_default, speculative_generate
 from .models.embedded import chat_prompt, default_pair, load_embedded_pair, load_pair
@@ -29,8 +28,6 @@ from .theory import (
 from .verify import accept_and_resample, acceptance_probability, residual_distribution
 
 __version__ = "0.1.0"
-
-_moved.install()  # the pre-split names (specdec_edu.widgets, specdec_edu.embedded, …) still import
 
 __all__ = [
     "Drafter",

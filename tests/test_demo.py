@@ -12,8 +12,8 @@ import types
 import pytest
 import torch
 
-from specdec_edu import demo
 from specdec_edu.__main__ import build_parser, main
+from specdec_edu.commands import demo
 from specdec_edu.result import GenerationStats
 
 SUMMARY_ROWS = ["target-only tokens/s", "speculative tokens/s", "measured speedup",

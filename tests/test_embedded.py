@@ -16,7 +16,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from specdec_edu import devices, embedded, weights
+from specdec_edu.models import devices, embedded, weights
 from specdec_edu.models.embedded import HubUnavailableError
 from specdec_edu.models.weights import EmbeddedModelError
 

@@ -16,10 +16,10 @@ from specdec_edu import (
     ModelDrafter,
     PromptLookupDrafter,
     autoregressive_generate,
-    feature_drafters,
     speculative_generate,
 )
 from specdec_edu.course.controls import accept_always
+from specdec_edu.models import feature_drafters
 from specdec_edu.models.feature_drafters import EagleDrafter, MedusaDrafter, load_drafter
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "train_feature_drafters.py"
@@ -190,7 +190,7 @@ def test_right_alignment_accepts_every_draft_and_shifted_none(build):
 def test_training_losses_use_the_same_alignment():
     """The training script's pairs: the perfect EAGLE has ~0 regression loss and near-minimal
     distillation loss on teacher-forced data; the one-off wiring has large losses."""
-    from specdec_edu import feature_training as train
+    from specdec_edu.models import feature_training as train
     target = bigram_target()
     sequences = (torch.arange(12) + torch.tensor([[0], [5], [9], [14]])) % V  # the target's own greedy text: x, x+1, …
     data = train.collect_features(target, [(row, 1) for row in sequences.tolist()], top_k=4)  # "prompt" = 1 token

@@ -9,7 +9,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specdec_edu import controls
+from specdec_edu.course import controls
 from specdec_edu.course.exercises import check_answer
 from specdec_edu.course.widgets import accept_rule_explorer, residual_explorer, simulate_first_token
 from specdec_edu.theory import output_distribution, total_variation

@@ -5,8 +5,9 @@ is, so for small n its time grows slowly. For a large model on a GPU that is bec
 step is memory-bound (reading the weights dominates); for a small model on a CPU the
 weight reads and a fixed per-forward overhead (thousands of small calls) share the step
 (notebook 01 compares it with its memory floor, ``read_bandwidth``).
-These helpers measure the curve, and the draft/target cost ratio c, with medians over
-repeats (machines are noisy; one measurement is an anecdote).
+These helpers measure the curve with medians over repeats (machines are noisy; one
+measurement is an anecdote); the draft/target cost ratio c is ``forward_seconds(draft, 1) /
+forward_seconds(target, 1)``, or, from a run, ``stats.draft_seconds_per_token / target_seconds_per_forward``.
 """
 
 from __future__ import annotations
@@ -57,11 +58,6 @@ def latency_curve(model, ns=(1, 2, 4, 8, 16, 32, 64), context_length: int = 64, 
     ns = list(ns)
     iterator = tqdm(ns, desc="forward latency", leave=False) if progress else ns
     return {n: forward_seconds(model, n, context_length, repeats) for n in iterator}
-
-
-def cost_ratio(draft, target, context_length: int = 64, repeats: int = 7) -> float:
-    """c = (draft seconds per decode step) / (target seconds per decode step), measured here."""
-    return forward_seconds(draft, 1, context_length, repeats) / forward_seconds(target, 1, context_length, repeats)
 
 
 @torch.no_grad()
