@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import inspect
 import json
 import math
 import platform
@@ -136,11 +135,6 @@ def read_bandwidth(device: torch.device, n_bytes: int, dtype: torch.dtype, sums:
     return x.numel() * x.element_size() * sums / statistics.median(seconds)
 
 
-def compiled_target_available() -> bool:
-    """Do ``speculative_generate`` and ``autoregressive_generate`` take ``compile=`` (a compiled target)?"""
-    return all("compile" in inspect.signature(f).parameters for f in (speculative_generate, autoregressive_generate))
-
-
 def maybe(x: float) -> float | None:
     """``x``, or None where it is not a finite number (JSON has no NaN)."""
     return x if x is not None and math.isfinite(x) else None
@@ -199,26 +193,33 @@ def target_only_row(check: Check, mode: str, runs: list, read_bytes_per_s: float
     step = statistics.median(r.stats.verify_seconds / r.stats.rounds for r, _ in runs)  # prefill excluded
     weight_bytes = parameter_bytes(check.target)
     effective = weight_bytes / step
-    return {"mode": mode, "target": "compiled" if check.target_kwargs(mode)["compile"] else "eager",
-            "tok_s": check.n_new / statistics.median(s for _, s in runs), "step_ms": 1e3 * step,
+    new_tokens, seconds = runs[-1][0].stats.new_tokens, statistics.median(s for _, s in runs)
+    return {"mode": mode, "target": "compiled" if runs[-1][0].stats.compiled else "eager",  # the path the run took
+            "new_tokens": new_tokens, "seconds": seconds, "tok_s": new_tokens / seconds, "step_ms": 1e3 * step,
             "weight_bytes": weight_bytes, "effective_GB_s": effective / 1e9,
             "fraction_of_read_bandwidth": effective / read_bytes_per_s}
 
 
-def speculative_row(check: Check, mode: str, label: str, point, dial, runs: list, target_runs: list, step: float) -> dict:
-    """One dial-α row: measured speedup against the run's own α, c, verify cost and Leviathan's prediction."""
+def speculative_row(check: Check, mode: str, label: str, point, dial, runs: list, base: dict) -> dict:
+    """One dial-α row: measured speedup against the run's own α, c, verify cost and Leviathan's prediction.
+
+    ``base`` is the target-only row of the same mode: speedup = its seconds per token / this row's, and
+    c and the verify cost are this row's draft time per token and verify forward over its decode step."""
     noise, gamma = point
     result = runs[-1][0]
     new = result.row(0)
-    speedup = statistics.median(s for _, s in target_runs) / statistics.median(s for _, s in runs) * len(new) / check.n_new
+    seconds, step = statistics.median(s for _, s in runs), base["step_ms"] / 1e3
+    speedup = (base["seconds"] / base["new_tokens"]) / (seconds / len(new))
     profiled = check.speculative(dial, gamma, mode, profile=True).stats
     phases = {phase: statistics.median(times) for phase, times in profiled.phase_seconds.items()}
     alpha, c, verify_cost = result.stats.alpha, profiled.draft_seconds_per_token / step, phases["verify_forward"] / step
     known = None not in (maybe(alpha), maybe(c))  # NaN when nothing was judged or drafted (the dial left the reference)
     predicted = expected_speedup(min(alpha, 0.999999), gamma, c, verify_cost) if known else None
     divergence = first_divergence(check.target, check.prompt, check.reference_new, new)
-    return {"mode": mode, "draft": label, "noise": noise, "gamma": gamma, "alpha_dial": dial.alpha, "alpha": maybe(alpha),
-            "tau": maybe(result.stats.tau), "speedup": speedup, "c": maybe(c), "verify_cost": verify_cost,
+    return {"mode": mode, "target": "compiled" if result.stats.compiled else "eager", "draft": label, "noise": noise,
+            "gamma": gamma, "alpha_dial": dial.alpha, "alpha": maybe(alpha), "tau": maybe(result.stats.tau),
+            "new_tokens": len(new), "seconds": seconds, "speedup": speedup,
+            "draft_ms_per_token": maybe(1e3 * profiled.draft_seconds_per_token), "c": maybe(c), "verify_cost": verify_cost,
             "predicted_speedup": maybe(predicted), "fraction_of_prediction": maybe(speedup / predicted) if predicted else None,
             "round_ms": {phase: 1e3 * t for phase, t in phases.items()},
             "identical_to_target": divergence is None, "divergence": divergence}
@@ -234,8 +235,7 @@ def decoding_rows(check: Check, mode: str, drafters: dict, points: list, read_by
             fns[label, point] = lambda dial=dial, g=point[1]: check.speculative(dial, g, mode)
     runs = check.benchmark(fns)
     base = target_only_row(check, mode, runs["target"], read_bytes_per_s)
-    rows = [speculative_row(check, mode, label, point, dial, runs[label, point], runs["target"], base["step_ms"] / 1e3)
-            for (label, point), dial in dials.items()]
+    rows = [speculative_row(check, mode, label, point, dial, runs[label, point], base) for (label, point), dial in dials.items()]
     return base, rows
 
 
@@ -311,7 +311,7 @@ def main(argv=None) -> dict:
     transformers.utils.logging.set_verbosity_error()
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
-    spec, seconds, notes = SIZES[args.size], {}, []
+    spec, seconds = SIZES[args.size], {}
     target = make_model(spec["target"], spec["vocab"], device, dtype, seed=0, tied=spec["tied"])
     if args.head_scale != 1:
         sharpen(target, args.head_scale)
@@ -326,7 +326,7 @@ def main(argv=None) -> dict:
     out = {"device": str(device), "device_name": name, "dtype": str(dtype).replace("torch.", ""), "size": args.size,
            "quick": args.quick, "target_params": params.pop("target"), "draft_params": params, "gamma": g,
            "max_new_tokens": check.n_new, "prompt_length": args.prompt_length, "repeats": args.repeats,
-           "head_scale": args.head_scale, "notes": notes}
+           "head_scale": args.head_scale}
 
     with section(f"1. read bandwidth: torch.sum over {args.bandwidth_mib} MiB", seconds):
         read = read_bandwidth(device, args.bandwidth_mib * 2**20, dtype)
@@ -350,10 +350,6 @@ def main(argv=None) -> dict:
               + f" · verify cost {out['verify_cost_eager']:.2f}")
 
     modes = list(MODES if args.compile else MODES[:1])
-    if args.compile and not compiled_target_available():
-        modes.remove("compiled draft + target")
-        notes.append("skipped 'compiled draft + target': speculative_generate / autoregressive_generate take no compile= here")
-        print(f"\nnote: {notes[-1]}")
     compiled = {}  # label -> its compiled ModelDrafter, made (and so compiled) in the first compiled section
     out["compile"] = {"options": args.compile_options if args.compile else None, "modes": modes}
     out["target_only"], out["speculative"] = [], []
