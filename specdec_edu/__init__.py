@@ -3,10 +3,13 @@
 Notation everywhere: p = target distribution, q = draft distribution, α = acceptance
 rate, γ = draft length, c = draft/target cost ratio.
 
-Layout: this folder is the algorithm (``sampling`` → ``verify`` → ``kv`` → ``drafters`` →
-``generate`` and ``batched`` → ``result``, plus ``theory``). The course's helpers (widgets, plots,
-exercises, χ² harness, measurements) are in ``course/``, model loading (the embedded pair, EAGLE and
-Medusa) in ``models/``, the ``demo`` and ``bench`` commands in ``commands/``.
+Reading order: ``round`` first, one round of the algorithm (draft, verify, accept, roll back) in one
+short function; then what it calls: ``verify`` (the accept rule), ``sampling`` (p and q from logits),
+``drafters`` (who proposes), ``generate`` (the single-prompt loop) and ``batched`` (B prompts), ``kv``
+(the caches a round rolls back), ``result`` (what a round emits, counted), and ``theory`` (the formulas).
+The course's helpers (widgets, plots, exercises, χ² harness, measurements) are in ``course/``, model
+loading and shapes (the embedded pair, EAGLE and Medusa, ``models.shapes``) in ``models/``, the ``demo``
+and ``bench`` commands in ``commands/``.
 """
 
 from .drafters import Drafter, LookupThenDrafter, ModelDrafter, PromptLookupDrafter, draft_loop

@@ -23,13 +23,15 @@ import torch.nn.functional as F
 
 from . import kv
 from .drafters import ModelDrafter, draft_loop, gamma_within_positions
+from .models.shapes import head_rows, max_positions
 from .result import GenerationResult, GenerationStats, PhaseClock, RoundRecorder
-from .round import head_rows, max_positions, round_gamma, speculative_round
+from .round import round_gamma, speculative_round
 from .sampling import GenerationConfig, nonfinite_logits_error
 
 
-def _forward(model, cache, mask, ids, new_mask, **kwargs):
-    """Append ``ids [B, n]`` to ``cache`` (valid where ``new_mask [B, n]``); returns the model's output and the grown mask."""
+def _masked_forward(model, cache, mask, ids, new_mask, **kwargs):
+    """Append ``ids [B, n]`` to ``cache`` (valid where ``new_mask [B, n]``): a forward whose attention mask and
+    position ids skip every masked slot. Returns the model's output and the grown mask ``[B, L + n]``."""
     full = torch.cat([mask, new_mask], 1)
     # positions count valid tokens only; a masked slot gets any position (nobody attends to it)
     positions = (mask.sum(-1, keepdim=True) + new_mask.cumsum(-1) - 1).clamp(min=0)
@@ -63,7 +65,7 @@ class Batch:
     def prefill(self) -> None:
         """The target reads every prompt but its last token (which the first verify pass feeds)."""
         if self.prompts.shape[1] > 1:
-            _, self.target_mask = _forward(self.target, self.target_cache, self.target_mask, self.prompts[:, :-1],
+            _, self.target_mask = _masked_forward(self.target, self.target_cache, self.target_mask, self.prompts[:, :-1],
                                            self.prompt_mask[:, :-1], logits_to_keep=1)
 
     def draft_logits(self, ids: torch.Tensor, new_mask: torch.Tensor) -> torch.Tensor:
@@ -71,9 +73,9 @@ class Batch:
         A ``ModelDrafter`` with ``head_size`` gets logits for its first ``head_size`` token ids only."""
         model, head_size = self.drafter.model, self.drafter.head_size
         if head_size is None:
-            out, self.draft_mask = _forward(model, self.draft_cache, self.draft_mask, ids, new_mask, logits_to_keep=1)
+            out, self.draft_mask = _masked_forward(model, self.draft_cache, self.draft_mask, ids, new_mask, logits_to_keep=1)
             return out.logits[:, -1]
-        out, self.draft_mask = _forward(model.get_decoder(), self.draft_cache, self.draft_mask, ids, new_mask)
+        out, self.draft_mask = _masked_forward(model.get_decoder(), self.draft_cache, self.draft_mask, ids, new_mask)
         return F.linear(out.last_hidden_state[:, -1], model.get_output_embeddings().weight[:head_size])
 
     def draft_step(self, x: torch.Tensor) -> torch.Tensor:
@@ -89,13 +91,13 @@ class Batch:
     def verify(self, drafts: torch.Tensor) -> torch.Tensor:
         """Logits ``[B, γ+1, V]``: one target forward over ``[newest, drafts]`` for every row.
         Finished rows ride along (the batch is rectangular), masked out: their positions stop growing."""
-        self.drafts = drafts  # [B, γ], for keep
+        self.drafts = drafts  # [B, γ], for roll_back
         new_mask = self.generating[:, None].expand(-1, drafts.shape[1] + 1)
-        out, _ = _forward(self.target, self.target_cache, self.target_mask, torch.cat([self.newest[:, None], drafts], 1),
+        out, _ = _masked_forward(self.target, self.target_cache, self.target_mask, torch.cat([self.newest[:, None], drafts], 1),
                           new_mask)
         return out.logits
 
-    def read(self, decision: torch.Tensor, drafts: torch.Tensor, logits: torch.Tensor):
+    def read_and_check(self, decision: torch.Tensor, drafts: torch.Tensor, logits: torch.Tensor):
         """One copy to the host: every row's decision and drafts, and the NaN flag; raises on the flag."""
         nonfinite = (~torch.isfinite(logits).all()).view(1).long()
         host = torch.cat([decision.flatten(), drafts.flatten(), nonfinite]).tolist()
@@ -106,7 +108,7 @@ class Batch:
         drafts_host = [host[2 * B + i * gamma_round : 2 * B + (i + 1) * gamma_round] for i in range(B)]
         return drafts_host, n, next_token
 
-    def keep(self, decision: torch.Tensor) -> None:
+    def roll_back(self, decision: torch.Tensor) -> None:
         """Masks instead of crops: of ``[newest, x_1..x_γ]`` each row keeps ``newest`` and its n accepted drafts."""
         n, next_token = decision[:, 0], decision[:, 1]  # [B] each, on the device
         gamma_round = self.drafts.shape[1]
@@ -173,7 +175,7 @@ def batched_autoregressive_generate(target, input_ids, attention_mask, config: G
     clock = PhaseClock(input_ids.device, False)
     rows, batch = _recorders(target, attention_mask, config, clock), GenerationStats()
     cache = kv.new_cache(target)
-    out, mask = _forward(target, cache, attention_mask[:, :0], input_ids, attention_mask, logits_to_keep=1)
+    out, mask = _masked_forward(target, cache, attention_mask[:, :0], input_ids, attention_mask, logits_to_keep=1)
     logits = out.logits[:, -1]  # [B, V]
     batch.prefill_seconds = clock.lap()
     while True:
@@ -188,7 +190,7 @@ def batched_autoregressive_generate(target, input_ids, attention_mask, config: G
         if all(row.stats.stopped_by for row in rows):
             break
         generating = torch.tensor([not row.stats.stopped_by for row in rows], device=input_ids.device).long()[:, None]
-        out, mask = _forward(target, cache, mask, tokens, generating)  # finished rows: masked, positions frozen
+        out, mask = _masked_forward(target, cache, mask, tokens, generating)  # finished rows: masked, positions frozen
         logits = out.logits[:, -1]
         batch.rounds += 1
         batch.verify_seconds += clock.lap()

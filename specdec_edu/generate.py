@@ -3,11 +3,11 @@
 One round of ``speculative_generate`` (``round.speculative_round``, which this loop and the
 batched loop share)::
 
-    OnePrompt.draft    context ──drafter.propose──> x_1 … x_γ, q_1 … q_γ   (propose_checked)
-    OnePrompt.verify   target([newest, x_1 … x_γ]) → logits for p_1 … p_{γ+1}  (ONE target forward)
-    the accept rule    verify_drafts(p, q, x) (greedy_verify when greedy) → n, next token
-    OnePrompt.read     the round's one device→host read
-    OnePrompt.keep     crop the target's cache to [newest, x_1 … x_n]; next token = new `newest`
+    OnePrompt.draft            context ──drafter.propose──> x_1 … x_γ, q_1 … q_γ   (propose_checked)
+    OnePrompt.verify           target([newest, x_1 … x_γ]) → logits for p_1 … p_{γ+1}  (ONE target forward)
+    the accept rule            verify_drafts(p, q, x) (greedy_verify when greedy) → n, next token
+    OnePrompt.read_and_check   the round's one device→host read; raises on an error flag
+    OnePrompt.roll_back        crop the target's cache to [newest, x_1 … x_n]; next token = new `newest`
 
 Bookkeeping that keeps it to one target forward per round: the target's KV cache
 holds every token except the last one emitted, so the verify pass feeds
@@ -15,7 +15,7 @@ holds every token except the last one emitted, so the verify pass feeds
 the cache is cropped back to "everything except the new last token".
 
 The round reads ONE thing back from the device: ``[n_accepted, next_token, drafts…,
-error flags]``, in a single copy. Everything else (drafting, verifying, the rule,
+error flags (``RoundErrors``)]``, in a single copy. Everything else (drafting, verifying, the rule,
 the NaN check) is queued on the device without waiting, so a GPU never idles on a
 Python ``if``. The context lives on the host, where drafters and stop checks read it.
 """
@@ -24,17 +24,19 @@ from __future__ import annotations
 
 import os
 import warnings
+from typing import NamedTuple
 
 import torch
 
 from . import kv
 from .batched import batched_autoregressive_generate, batched_speculative_generate
 from .drafters import Drafter, ModelDrafter, check_drafter_target, reset_drafter, to_device, wants_features
+from .models.shapes import head_rows, max_positions
 from .result import GenerationResult, GenerationStats, PhaseClock, RoundRecorder, stop_reason
-from .round import head_rows, max_positions, round_gamma, speculative_round
+from .round import round_gamma, speculative_round
 from .sampling import GenerationConfig, check_generator, nonfinite_logits_error, sample
 
-__all__ = ["speculative_generate", "autoregressive_generate", "compiles_by_default", "head_rows", "max_positions"]
+__all__ = ["speculative_generate", "autoregressive_generate", "compiles_by_default"]
 
 
 def validate_prompts(target, input_ids, attention_mask, generator):
@@ -89,8 +91,9 @@ def propose_checked(drafter, context, gamma, to_probs, generator, device, vocab_
     """Ask the drafter for up to γ tokens and check what comes back.
 
     Shapes are checked here, on the host. Values (is q a distribution? did the drafter
-    propose a token it gave q = 0?) are checked on the device and returned as a flag
-    ``[2]`` that the round reads together with its decision, so checking costs no sync.
+    propose a token it gave q = 0?) are checked on the device and returned as flags
+    ``[2]`` (``RoundErrors``' last two) that the round reads together with its decision,
+    so checking costs no sync.
     Returns drafts ``[γ']`` and q ``[γ', V]`` (zero-padded to the target's V), on ``device``.
     """
     drafts, q = drafter.propose(context, gamma, to_probs, generator)
@@ -117,20 +120,28 @@ def propose_checked(drafter, context, gamma, to_probs, generator, device, vocab_
     return drafts.clamp(0, vocab_size - 1), q, torch.stack([not_a_distribution, unsupported])
 
 
-def raise_for_flags(flags: list[int], drafter) -> None:
-    """Turn the round's error flags ``[verify logits not finite, q not a distribution, token outside q]`` into errors."""
-    if flags[0]:
+class RoundErrors(NamedTuple):
+    """The round's error flags (0 or 1), computed on the device and read with its decision, in this order."""
+
+    logits_not_finite: int  # the target's verify logits hold NaN or inf
+    q_not_a_distribution: int  # the drafter's q: NaN/inf, negative, or rows that do not sum to 1
+    token_outside_q: int  # a draft the drafter gave q = 0, or an id outside the vocabulary
+
+
+def raise_for_errors(errors: RoundErrors, drafter) -> None:
+    """Turn the round's error flags into errors that name the fix."""
+    if errors.logits_not_finite:
         raise nonfinite_logits_error("target")
-    if flags[1]:
+    if errors.q_not_a_distribution:
         raise ValueError(f"{type(drafter).__name__}.propose returned a q that is not a probability distribution "
                          "(NaN/inf, negative, or rows that do not sum to 1): return the probabilities the tokens were "
                          "sampled from, e.g. to_probs(logits).")
-    if flags[2]:
+    if errors.token_outside_q:
         raise ValueError(f"{type(drafter).__name__}.propose returned a token outside its q's support (q(x) = 0 or an id "
                          "outside the vocabulary): q must be the distribution each token was actually drawn from.")
 
 
-def target_forward(target, ids, cache, with_features: bool):
+def target_logits_and_features(target, ids, cache, with_features: bool):
     """Run the target on ``ids [1, n]`` after what ``cache`` holds: logits ``[n, V]`` and, for drafters
     that draft from the target's own features (EAGLE, Medusa), its last hidden states ``[n, d]``
     (the input of ``lm_head``). For those we run the decoder and the head separately."""
@@ -194,7 +205,7 @@ class OnePrompt:
     def prefill(self) -> None:
         """The target reads the prompt but its last token (which the first verify pass feeds)."""
         if len(self.prompt) > 1:
-            _, features = target_forward(self.target, self.prompt[None, :-1], self.cache, self.with_features)
+            _, features = target_logits_and_features(self.target, self.prompt[None, :-1], self.cache, self.with_features)
             if self.with_features:
                 self.drafter.observe(features)
 
@@ -209,19 +220,19 @@ class OnePrompt:
 
     def verify(self, drafts: torch.Tensor) -> torch.Tensor:
         """Logits ``[γ'+1, V]`` from one target forward over ``[newest] + drafts``."""
-        logits, self.features = target_forward(self.target, torch.cat([self.newest, drafts])[None], self.cache,
-                                               self.with_features)
+        logits, self.features = target_logits_and_features(self.target, torch.cat([self.newest, drafts])[None], self.cache,
+                                                           self.with_features)
         return logits
 
-    def read(self, decision: torch.Tensor, drafts: torch.Tensor, logits: torch.Tensor):
+    def read_and_check(self, decision: torch.Tensor, drafts: torch.Tensor, logits: torch.Tensor):
         """One copy to the host: the decision, the drafts and the error flags; raises on a flag."""
-        flags = torch.cat([~torch.isfinite(logits).all().view(1), self.q_flags]).long()
+        flags = torch.cat([~torch.isfinite(logits).all().view(1), self.q_flags]).long()  # [3], in RoundErrors' order
         n, next_token, *drafts_and_flags = torch.cat([decision, drafts, flags]).tolist()
-        raise_for_flags(drafts_and_flags[len(drafts):], self.drafter)
-        self.n_drafted, self.n_accepted = len(drafts), n  # host ints, for keep's crop
+        raise_for_errors(RoundErrors(*drafts_and_flags[len(drafts):]), self.drafter)
+        self.n_drafted, self.n_accepted = len(drafts), n  # host ints, for roll_back's crop
         return drafts_and_flags[: len(drafts)], n, next_token
 
-    def keep(self, decision: torch.Tensor) -> None:
+    def roll_back(self, decision: torch.Tensor) -> None:
         """Crop the target's cache to ``[newest, x_1..x_n]``: all but the new last token."""
         n = self.n_accepted
         kv.crop(self.cache, self.n_drafted - n)

@@ -8,10 +8,10 @@ A round, for one prompt or for B prompts at once (``...`` below is ``[]`` or ``[
                                                           token, which the target's cache lacks)
     accept   keep x_i while u_i < min(1, p_i(x_i) / q_i(x_i))   the rule, ``verify_drafts``
              then one token from max(0, p − q) after a rejection, or from p_{γ+1} if all were kept
-    keep     roll the caches back to [newest, kept drafts]; the new token becomes `newest`
+    rollback the caches keep [newest, kept drafts]; the new token becomes `newest`
 
 What differs between one prompt and a batch (how to draft, how to roll a cache back) lives
-in a *loop* object with four methods, ``draft``, ``verify``, ``read`` and ``keep``
+in a *loop* object with four methods, ``draft``, ``verify``, ``read_and_check`` and ``roll_back``
 (``generate.OnePrompt``, ``batched.Batch``); what a round emits is counted by
 ``result.RoundRecorder``.
 """
@@ -23,6 +23,7 @@ from typing import Protocol
 
 import torch
 
+from .models.shapes import max_positions  # noqa: F401  (drafters.py imports it from here; it lives in models/shapes.py)
 from .result import PhaseClock, RoundRecorder
 from .sampling import GenerationConfig
 from .verify import greedy_verify, verify_drafts
@@ -40,11 +41,12 @@ class Loop(Protocol):
         """Logits ``[..., γ+1, V]``: one target forward over ``[newest, drafts]``."""
         ...
 
-    def read(self, decision: torch.Tensor, drafts: torch.Tensor, logits: torch.Tensor) -> tuple:
-        """The round's one device→host read: (drafts, n, next_token) as Python lists/ints; raises on bad values."""
+    def read_and_check(self, decision: torch.Tensor, drafts: torch.Tensor, logits: torch.Tensor) -> tuple:
+        """The round's one device→host read: (drafts, n, next_token) as Python lists/ints; raises on bad values
+        (the target's logits not finite, a drafter's q not a distribution), read in the same copy."""
         ...
 
-    def keep(self, decision: torch.Tensor) -> None:
+    def roll_back(self, decision: torch.Tensor) -> None:
         """Roll the caches back to the accepted drafts; ``decision[..., 1]`` becomes the next ``newest``."""
         ...
 
@@ -66,9 +68,9 @@ def speculative_round(loop: Loop, gamma_round: int, config: GenerationConfig, ac
     else:
         p = config.to_probs(logits)  # the target's p_1..p_{γ+1}, warped like q
         decision = accept(accept_rule or verify_drafts, p, q, drafts, generator)  # [..., 2] = (n, next_token)
-    drafts, n, next_token = loop.read(decision, drafts, logits)  # the round's ONE device→host read
+    drafts, n, next_token = loop.read_and_check(decision, drafts, logits)  # the round's ONE device→host read
     decide_time = clock.lap()
-    loop.keep(decision)  # the caches keep [newest, x_1..x_n]; next_token is the new `newest`
+    loop.roll_back(decision)  # the caches keep [newest, x_1..x_n]; next_token is the new `newest`
     phases = dict(draft=draft_time, verify_forward=forward_time, accept_resample=decide_time, cache_crop=clock.lap())
     return drafts, n, next_token, phases
 
@@ -88,15 +90,3 @@ def accept(rule: AcceptRule, p: torch.Tensor, q: torch.Tensor, drafts: torch.Ten
         return torch.stack([accept(rule, p[i], q[i], drafts[i], generator) for i in range(len(drafts))])
     # verify_drafts returns a device tensor; a rule under test (course.controls) may return Python ints
     return torch.stack([torch.as_tensor(v, device=p.device).long() for v in rule(p, q, drafts, generator)])
-
-
-def head_rows(model: torch.nn.Module) -> int:
-    """How many token ids the model's output head can produce (may exceed the tokenizer's
-    vocabulary: Qwen2.5-0.5B has 151936 rows, Qwen2.5-7B 152064, for one tokenizer)."""
-    return model.get_output_embeddings().weight.shape[0]
-
-
-def max_positions(model: torch.nn.Module) -> int | None:
-    """How many positions the model can read (``max_position_embeddings``, or GPT-2's ``n_positions``)."""
-    config = model.config
-    return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)

@@ -158,3 +158,28 @@ def test_float_token_ids_name_the_fix(target, close_draft):
     """Before: a raw ``gather(): Expected dtype int64 for index`` RuntimeError from deep inside the check."""
     with pytest.raises(ValueError, match=r"FloatIdsDrafter.propose returned token ids of dtype torch.float32.*LongTensor"):
         speculative_generate(target, FloatIdsDrafter(close_draft), PROMPTS[4][None], max_new_tokens=8, gamma=3)
+
+
+# ---- names: what a round asks of a loop, and where the model helpers live (issue 25) --------------------------
+
+
+def test_both_loops_provide_what_a_round_calls():
+    """``round.Loop`` names the four steps a round asks of a loop, for what they do (``read_and_check`` also raises,
+    ``roll_back`` rolls the caches back); the single-prompt and the batched loop both provide all four."""
+    from specdec_edu.batched import Batch
+    from specdec_edu.generate import OnePrompt
+    from specdec_edu.round import Loop
+
+    steps = [name for name in vars(Loop) if not name.startswith("_")]
+    assert steps == ["draft", "verify", "read_and_check", "roll_back"]
+    for loop in (OnePrompt, Batch):
+        assert all(callable(getattr(loop, name, None)) for name in steps), loop.__name__
+
+
+def test_model_shapes_live_with_the_models(target):
+    """``head_rows`` and ``max_positions`` read a model's shapes: they live in ``models/shapes.py``."""
+    from specdec_edu.models.shapes import head_rows, max_positions
+
+    assert (head_rows(target), max_positions(target)) == (64, 256)  # conftest's tiny_llama
+    gpt2_like = SimpleNamespace(config=SimpleNamespace(n_positions=16))  # GPT-2 names its limit n_positions
+    assert max_positions(gpt2_like) == 16

@@ -1,0 +1,23 @@
+"""Two questions the loops ask of every model, target or draft, from its shapes alone.
+
+``head_rows``: how many token ids can its output head produce? A draft must produce no id the
+target lacks (``generate.as_drafter`` checks it), and every q is padded to the target's rows.
+``max_positions``: how many positions can it read? Generation stops there (``result.stop_reason``),
+and a draft's γ is cut so that it never reads past its own limit (``drafters.gamma_within_positions``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def head_rows(model: torch.nn.Module) -> int:
+    """How many token ids the model's output head can produce (may exceed the tokenizer's
+    vocabulary: Qwen2.5-0.5B has 151936 rows, Qwen2.5-7B 152064, for one tokenizer)."""
+    return model.get_output_embeddings().weight.shape[0]
+
+
+def max_positions(model: torch.nn.Module) -> int | None:
+    """How many positions the model can read (``max_position_embeddings``, or GPT-2's ``n_positions``)."""
+    config = model.config
+    return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
