@@ -1,7 +1,8 @@
 """The benchmark harness at a tiny size. No timing assertions: times are noise on a shared CPU. The clock is
-replaced by a fake one where the numbers matter, so that tokens/s, medians and ratios are checked against
-numbers worked out by hand; α, τ and the prediction must follow from what was measured, and every method
-must produce the same tokens."""
+replaced by a fake one where the numbers matter, in which every method costs its own number of seconds per
+call, so that tokens/s, medians and every ratio (a/b, never b/a) are checked against numbers worked out by
+hand; α, τ and the prediction must follow from what was measured, and every method must produce the same
+tokens."""
 
 import argparse
 import copy
@@ -13,6 +14,7 @@ import torch
 from conftest import perturbed_copy
 
 from specdec_edu import speculative_generate
+from specdec_edu.commands import bench
 from specdec_edu.commands.bench import (
     CHAT_PROMPTS,
     MethodResult,
@@ -38,11 +40,34 @@ def our_pooled_stats(target, drafter, inputs, **kw):
     return GenerationStats.pooled([speculative_generate(target, drafter, ids, **kw).stats for ids in inputs])
 
 
+# Fake seconds per call of each method: all different, and powers of two, so that every sum of them and every
+# tokens/s below is exact in floating point. A ratio taken the wrong way round (b/a for a/b) gives another number.
+SECONDS_PER_CALL = {"target_only": 2.0, "hf_target_only": 4.0, "speculative": 0.5, "hf_assisted": 1.0,
+                    "hf_assisted_default": 8.0, "hf_prompt_lookup": 0.25, "target_only_eager": 16.0,
+                    "speculative_eager": 0.125}
+
+
 @pytest.fixture
-def one_second_per_call(monkeypatch):
-    """The benchmark's clock advances by exactly 1 s between two readings: every timed call lasts 1 s."""
-    ticks = iter(range(10**6))
-    monkeypatch.setattr(experiments, "time", types.SimpleNamespace(perf_counter=lambda: float(next(ticks))))
+def own_cost_per_call(monkeypatch):
+    """The benchmark's clock stands still except inside a method's call, which moves it by that method's
+    ``SECONDS_PER_CALL``: a prompt run by method m lasts exactly SECONDS_PER_CALL[m] (fake) seconds."""
+    now = [0.0]
+    monkeypatch.setattr(experiments, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    real_methods_for = bench.methods_for
+
+    def costing(name, fn):
+        def run(ids, n):
+            now[0] += SECONDS_PER_CALL[name]
+            return fn(ids, n)
+        return run
+
+    monkeypatch.setattr(bench, "methods_for", lambda *args, **kwargs: {
+        name: costing(name, fn) for name, fn in real_methods_for(*args, **kwargs).items()})
+
+
+def tok_s_of(methods, tokens_per_prompt):
+    """Tokens/s of each method in the fake clock: every prompt makes ``tokens_per_prompt`` tokens."""
+    return {name: tokens_per_prompt / SECONDS_PER_CALL[name] for name in methods}
 
 
 def test_tokens_per_second_and_medians_from_hand_made_runs():
@@ -82,15 +107,17 @@ def closer_draft(target):
     return perturbed_copy(target, noise=0.1, seed=2)
 
 
-def test_bench_model_drafter(tmp_path, target, closer_draft, one_second_per_call):
+def test_bench_model_drafter(tmp_path, target, closer_draft, own_cost_per_call):
     inputs = [torch.tensor([[1, 2, 3, 4]]), torch.tensor([[9, 8, 7]])]
     result = run_bench(target, closer_draft, inputs, drafter="model", gamma=3, max_new_tokens=12, repeats=3, progress=False)
     methods = ["target_only", "hf_target_only", "speculative", "hf_assisted", "hf_assisted_default"]
-    # no EOS: 2 prompts × 12 new tokens in 2 (fake) seconds, for every method and repeat
-    tok_s = check_summary(result, methods, gamma=3, repeats=3, tok_s=dict.fromkeys(methods, 12.0))
-    assert result["hf_assisted_tok_s"] == tok_s["hf_assisted"]
-    assert result["hf_assisted_default_tok_s"] == tok_s["hf_assisted_default"]
-    assert result["speculative_vs_hf_assisted"] == tok_s["speculative"] / tok_s["hf_assisted"]
+    # no EOS: 2 prompts × 12 new tokens in 2 calls of the method's own (fake) seconds, for every repeat
+    tok_s = check_summary(result, methods, gamma=3, repeats=3, tok_s=tok_s_of(methods, 12))
+    assert tok_s == {"target_only": 6.0, "hf_target_only": 3.0, "speculative": 24.0, "hf_assisted": 12.0,
+                     "hf_assisted_default": 1.5}
+    assert result["speedup"] == 4.0  # speculative / target-only tok/s = 2 s / 0.5 s per call (the inverse: 0.25)
+    assert result["hf_assisted_tok_s"] == 12.0 and result["hf_assisted_default_tok_s"] == 1.5
+    assert result["speculative_vs_hf_assisted"] == 2.0  # 24 / 12 tok/s (the inverse: 0.5)
     assert (result["drafter"], result["prompts"]) == ("model", 2)
 
     # α, τ and the acceptance rate are those of the per-prompt runs, pooled (not averaged per prompt).
@@ -108,16 +135,17 @@ def test_bench_model_drafter(tmp_path, target, closer_draft, one_second_per_call
     assert f"α = {pooled.alpha:.3f}" in table
 
 
-def test_bench_prompt_lookup(target, one_second_per_call):
+def test_bench_prompt_lookup(target, own_cost_per_call):
     inputs = [torch.tensor([[5, 6, 7, 5, 6, 7, 5, 6]])]
     # an explicit EOS: HF's prompt lookup in transformers 4.56 fails when eos_token_id is None
     result = run_bench(target, None, inputs, eos_token_id=63, drafter="prompt-lookup", gamma=4, max_new_tokens=10, repeats=1,
                        progress=False)
     methods = ["target_only", "hf_target_only", "speculative", "hf_prompt_lookup"]
-    # one prompt, 10 new tokens (EOS 63 does not come up) in 1 (fake) second
-    tok_s = check_summary(result, methods, gamma=4, repeats=1, tok_s=dict.fromkeys(methods, 10.0))
-    assert result["hf_prompt_lookup_tok_s"] == tok_s["hf_prompt_lookup"]
-    assert result["speculative_vs_hf_prompt_lookup"] == tok_s["speculative"] / tok_s["hf_prompt_lookup"]
+    # one prompt, 10 new tokens (EOS 63 does not come up) in one call of the method's own (fake) seconds
+    check_summary(result, methods, gamma=4, repeats=1, tok_s=tok_s_of(methods, 10))
+    assert result["speedup"] == 4.0  # 20 / 5 tok/s
+    assert result["hf_prompt_lookup_tok_s"] == 40.0
+    assert result["speculative_vs_hf_prompt_lookup"] == 0.5  # 20 / 40 tok/s (the inverse: 2)
     pooled = our_pooled_stats(target, PromptLookupDrafter(), inputs, max_new_tokens=10, gamma=4, eos_token_id=63)
     assert pooled.drafted > 0  # the repetitive prompt gives the lookup something to propose
     assert (result["alpha"], result["tau"]) == (pooled.alpha, pooled.tau)
@@ -158,7 +186,7 @@ def test_bench_cli_rejects_bad_batch_sizes():
             main(parser.parse_args(bad))
 
 
-def test_bench_compiled_runs_the_eager_twins_beside(target, closer_draft, one_second_per_call, monkeypatch):
+def test_bench_compiled_runs_the_eager_twins_beside(target, closer_draft, own_cost_per_call, monkeypatch):
     """``compile=True``: our two methods run compiled, and their eager twins run in the same interleaved benchmark,
     so that one run says what compiling changes (``compiled_over_eager``); every output is still the target's.
     (The aot_eager backend, as in test_compiled.py: the CPU's inductor would compile C++ for minutes.)"""
@@ -171,8 +199,9 @@ def test_bench_compiled_runs_the_eager_twins_beside(target, closer_draft, one_se
                        compile=True)
     methods = ["target_only", "hf_target_only", "speculative", "target_only_eager", "speculative_eager", "hf_assisted",
                "hf_assisted_default"]
-    check_summary(result, methods, gamma=3, repeats=1, tok_s=dict.fromkeys(methods, 12.0))
-    assert result["compiled"] and result["compiled_over_eager"] == {"target_only": 1.0, "speculative": 1.0}
+    check_summary(result, methods, gamma=3, repeats=1, tok_s=tok_s_of(methods, 12))
+    # compiled tok/s / eager tok/s: target-only 16 s / 2 s per call, speculative 0.125 s / 0.5 s (the inverses: 0.125, 4)
+    assert result["compiled"] and result["compiled_over_eager"] == {"target_only": 8.0, "speculative": 0.25}
     assert format_table(result).startswith("our methods: compiled")
     eager = run_bench(target, closer_draft, inputs, drafter="model", gamma=3, max_new_tokens=12, repeats=1, progress=False)
     assert not eager["compiled"] and "compiled_over_eager" not in eager  # the CPU default: eager, no twins
