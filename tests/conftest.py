@@ -101,6 +101,29 @@ def pytest_collection_modifyitems(config, items):
         tags = set(getattr(cell, "metadata", {}).get("tags", [])) if cell is not None else set()
         if skipped_tags(tags):
             item.add_marker(pytest.mark.skip(reason=f"notebook cell tagged {sorted(skipped_tags(tags))}"))
+        if is_slow(item):
+            item.add_marker(pytest.mark.slow)
+
+
+# ---- the `slow` marker: `pytest tests -m "not slow"` is the loop while developing ------------------------------
+# What is slow: seconds per test (tests/DURATIONS.txt) spent on something other than the algorithm's units and its
+# exactness. Every exactness test (greedy = target-only, sampled = the target's distribution) stays fast, with its
+# negative controls. The whole list is here, so that the README can say what `slow` holds.
+SLOW = {  # "file::test function" (every parametrization): why it is slow
+    "test_gpu_check.py::test_gpu_check_runs_at_tiny_size_on_every_path": "scripts/gpu_check.py end to end, compiled",
+    "test_bench.py::test_bench_compiled_runs_the_eager_twins_beside": "the bench, compiled, with eager twins beside",
+    "test_embedded.py::test_loading_from_the_cache_needs_neither_gguf_nor_accelerate": "a fresh Python interpreter",
+    "test_compiled.py::test_a_compiled_cache_compiles_every_width_when_it_is_made": "compiles every width of a cache",
+}
+SLOW_MARKERS = {  # every test with one of these markers is slow too
+    "embedded": "loads the embedded model pair (a 93 MB download on first use)",
+    "browser": "drives JupyterLab in a real browser",
+}
+
+
+def is_slow(item) -> bool:
+    name = f"{item.path.name}::{getattr(item, 'originalname', item.name)}"  # without its parameters
+    return name in SLOW or any(marker in item.keywords for marker in SLOW_MARKERS)
 
 
 # A character-level tokenizer with a chat template: the demo and the batch sweep need one, no download.
