@@ -186,7 +186,7 @@ FIGURES: list[tuple[str, list]] = [
     (rf"on its own prompts \({NUM}× at batch 1, {NUM}× at batch 16\)",
      [nb("09", "batch_speedup_1"), nb("09", "batch_speedup_16")]),
     # Measured on this machine: from the committed notebooks
-    (rf"target step ≈ {NUM} ms in notebook 06", [nb("06", "t_target_ms")]),
+    (rf"a bare target forward ≈ {NUM} ms in notebook 06", [nb("06", "t_target_ms")]),
     (rf"\| embedded draft \(γ = 4\) \| open chat questions \| {NUM} \| {NUM} \| \*\*{NUM}×\*\* \(Leviathan {NUM}×, "
      rf"with the measured verify cost {NUM}×\) \| notebook 06",
      [nb("06", "alpha"), nb("06", "tau_measured"), nb("06", "speedup"), nb("06", "ideal"), nb("06", "adjusted")]),
@@ -257,7 +257,7 @@ FIGURES: list[tuple[str, list]] = [
      [js(BENCH, "verify_cost"), js(BENCH, "alpha"), js(BENCH, "c"), js(BENCH, "speedup")]),
     (rf"prompt lookup on input-grounded prompts ran at \*\*{NUM}×\*\*\. The Python loop itself is ≈ {NUM} % of a round",
      [js(LOOKUP, "speedup"), round_overhead]),
-    (rf"reverse: {NUM}× / {NUM}× / {NUM}× at batch 1 / 4 / 16", [batched(b, "speedup") for b in (1, 4, 16)]),
+    (rf"it loses at every size: {NUM}× / {NUM}× / {NUM}× at batch 1 / 4 / 16", [batched(b, "speedup") for b in (1, 4, 16)]),
 ]
 
 # Sections whose every measured figure must be one of the FIGURES, and the numbers there that are not measurements.
