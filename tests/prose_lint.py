@@ -12,7 +12,8 @@ So every clause of a notebook's markdown that uses a comparison word must either
 * be conceptual (true whatever a run measures) and stand on the allow-list (``tests/prose_allowed.txt``) with
   its reason.
 
-A clause is a piece of a sentence between ``.``, ``;`` or ``:`` (a bullet or a table row is its own sentence).
+A clause is a piece of a sentence between ``.``, ``;`` or ``:`` outside parentheses (a bullet or a table row is its
+own sentence).
 Questions are not claims, and the Objectives list and the exercise statements are skipped; the recaps
 ("What you learned") are not.
 """
@@ -28,14 +29,14 @@ COMPARISON = re.compile(
     r"\b(above|below|under|beneath|more|less|fewer|faster|slower|quicker|higher|lower|larger|smaller|bigger|"
     r"cheaper|dearer|costlier|longer|shorter|better|worse|rises?|rising|rose|falls?|falling|fell|grows?|growing|grew|"
     r"shrinks?|shrinking|shrank|climbs?|climbing|drops?|dropping|dropped|drifts?|increases?|decreases?|"
-    r"most|least|closer|closest|further|furthest|farther|farthest|exceeds?|exceeding|beats?|beating|"
+    r"most|least|closer|closest|furthest|farther|farthest|exceeds?|exceeding|beats?|beating|"
     r"outperforms?|overshoots?|undershoots?|loses|losing|wins?|winning|best|worst|highest|lowest|largest|smallest)\b",
     re.IGNORECASE,
 )
 """Words that state which way a comparison goes. A clause holding one needs a check (or the allow-list)."""
 
 NOT_A_COMPARISON = re.compile(
-    r"\b(?:at (?:least|most|best)|most likely|no (?:more|longer)|more or less|one more (?:token|row))\b|"
+    r"\b(?:at (?:least|most|best)|most likely|no (?:more|longer)|more or less|one more (?:token|row)|best fixed γ)\b|"
     r"\b(?:above|below)\b(?!\s+(?:(?:it|them|the|this|that|these|those|its|their|a|an|half|one|zero|what|any|"
     r"every|FORMULA|CODE)\b|[\d≈~]))",
     re.IGNORECASE,
@@ -66,7 +67,7 @@ class Flag:
 MEASURED = re.compile(
     r"\b(?:measur\w*|printed|plotted|shown|timed|here|this run|the runs?|runs?|in the table|the (?:plot|figure|bars?|"
     r"curve|points?|columns?|ratios?)|on this (?:cpu|device|machine|gpu)|on (?:the|one) h200|h200|notebook \d\d)\b|"
-    r"\d\s*(?:×|x\b|ms\b|%)",
+    r"\d(?:×|x\b)|\d\s*(?:ms\b|%)",
     re.IGNORECASE,
 )
 """What makes a sentence speak of a measurement: a word pointing at a run or an output, or a measured quantity
@@ -119,17 +120,29 @@ def sentences(markdown: str) -> list[str]:
 def unchecked(sentence: str) -> list[str]:
     """The comparison words of ``sentence`` (checks as markers) that no check covers.
 
-    The sentence is cut into clauses at ``;`` and ``:``; within a clause a check covers the words before it.
+    The sentence is cut into clauses at ``;`` and ``:`` outside parentheses; within a clause a check covers the
+    words before it.
     A question is not a claim: it has none.
     """
     if sentence.rstrip(_MARK + " ").endswith("?") or not MEASURED.search(sentence):
         return []
     words = []
-    for clause in re.split(r"[;:](?=\s)", sentence):
+    for clause in _clauses(sentence):
         tail = clause.rsplit(_MARK, 1)[-1]  # the words after the clause's last check
         tail = NOT_A_COMPARISON.sub(" ", tail)
         words += [m.group(0) for m in COMPARISON.finditer(tail)]
     return words
+
+
+def _clauses(sentence: str) -> list[str]:
+    """The sentence cut at ``;`` and ``:`` outside parentheses (a parenthesis is part of its clause)."""
+    clauses, depth, start = [], 0, 0
+    for i, ch in enumerate(sentence):
+        depth += (ch == "(") - (ch == ")")
+        if ch in ";:" and depth <= 0 and sentence[i + 1:i + 2].isspace():
+            clauses.append(sentence[start:i])
+            start = i + 1
+    return clauses + [sentence[start:]]
 
 
 def readable(sentence: str) -> str:
