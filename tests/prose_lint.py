@@ -66,7 +66,7 @@ class Flag:
 
 MEASURED = re.compile(
     r"\b(?:measur\w*|printed|plotted|shown|timed|here|this run|the runs?|runs?|in the table|the (?:plot|figure|bars?|"
-    r"curve|points?|columns?|ratios?)|on this (?:cpu|device|machine|gpu)|on (?:the|one) h200|h200|notebook \d\d)\b|"
+    r"curve|points?|columns?)|on this (?:cpu|device|machine|gpu)|on (?:the|one) h200|h200|notebook \d\d)\b|"
     r"\d(?:×|x\b)|\d\s*(?:ms\b|%)",
     re.IGNORECASE,
 )
@@ -108,7 +108,7 @@ def sentences(markdown: str) -> list[str]:
     found = []
     for block in re.split(r"\n\s*\n|\n(?=#)|(?<=\|)\n", text):
         block = " ".join(block.split())
-        found += [s for s in re.split(r"(?<=[.!?])\s+(?=[^a-z\s])", block) if s.strip()]
+        found += [s for s in re.split(r"(?:(?<=[.!?])|(?<=[.!?][)\]\"']))\s+(?=[^a-z\s])", block) if s.strip()]
     # a check written just after a sentence's full stop belongs to that sentence
     for i in range(1, len(found)):
         while found[i].startswith(_MARK):
@@ -200,5 +200,21 @@ def allow_list(path: Path) -> list[Allowed]:
     return entries
 
 
+def _matches(entry: Allowed, flag: Flag) -> bool:
+    return flag.notebook.startswith(entry.notebook) and entry.piece in flag.sentence
+
+
 def is_allowed(flag: Flag, entries: list[Allowed]) -> bool:
-    return any(flag.notebook.startswith(e.notebook) and e.piece in flag.sentence for e in entries)
+    return any(_matches(e, flag) for e in entries)
+
+
+def review(flags: list[Flag], entries: list[Allowed]) -> tuple[list[str], list[str]]:
+    """(flagged sentences no entry allows, entries that do not match exactly one flagged sentence).
+
+    An entry must pick out one sentence: a piece that matched several could wave through a measured direction
+    written next to a conceptual one.
+    """
+    unexplained = [str(f) for f in flags if not is_allowed(f, entries)]
+    loose = [f"{e.notebook} | {e.piece}  (matches {n} flagged sentences)" for e in entries
+             if (n := sum(_matches(e, f) for f in flags)) != 1]
+    return unexplained, loose
