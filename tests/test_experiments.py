@@ -147,3 +147,15 @@ def test_timed_returns_the_result_and_the_seconds_between_two_clock_readings(mon
     readings = iter([1.0, 3.5])
     monkeypatch.setattr(experiments, "time", types.SimpleNamespace(perf_counter=lambda: next(readings)))
     assert timed(lambda: "out", "cpu") == ("out", 2.5)
+
+
+def test_course_seed_is_the_default_unless_the_environment_overrides_it(monkeypatch):
+    monkeypatch.delenv("SPECDEC_EDU_SEED", raising=False)
+    assert experiments.course_seed(0) == 0 and experiments.course_seed(7) == 7
+    monkeypatch.setenv("SPECDEC_EDU_SEED", " 3 ")
+    assert experiments.course_seed(0) == 3
+    monkeypatch.setenv("SPECDEC_EDU_SEED", "")
+    assert experiments.course_seed(5) == 5
+    monkeypatch.setenv("SPECDEC_EDU_SEED", "one")
+    with pytest.raises(ValueError, match="SPECDEC_EDU_SEED='one' is not an integer"):
+        experiments.course_seed(0)

@@ -1,6 +1,7 @@
 import copy
 import types
 
+import pytest
 import torch
 
 from specdec_edu import speculative_generate
@@ -14,8 +15,9 @@ class CharTokenizer:
         return "".join(chr(97 + i % 26) for i in ids)
 
 
-def test_forward_seconds_times_every_repeat_at_the_same_context_length(target, monkeypatch):
-    """The cache is cropped back after each timed forward: every one appends n_new to context_length."""
+@pytest.fixture
+def forward_calls(monkeypatch):
+    """(tokens fed, cache length before) of every ``kv.forward`` the measuring helpers make."""
     calls = []
     real_forward = measure.kv.forward
 
@@ -24,6 +26,12 @@ def test_forward_seconds_times_every_repeat_at_the_same_context_length(target, m
         return real_forward(model, input_ids, cache, **kw)
 
     monkeypatch.setattr(measure.kv, "forward", spy)
+    return calls
+
+
+def test_forward_seconds_times_every_repeat_at_the_same_context_length(target, forward_calls, monkeypatch):
+    """The cache is cropped back after each timed forward: every one appends n_new to context_length."""
+    calls = forward_calls
     # the clock is read before each forward and after each timed one: the repeats last 3, 1 and 10 s
     readings = iter([50.0, 0.0, 3.0, 0.0, 1.0, 0.0, 10.0])
     monkeypatch.setattr(measure, "time", types.SimpleNamespace(perf_counter=lambda: next(readings)))
@@ -116,3 +124,68 @@ def test_read_bandwidth_is_bytes_read_once_over_the_median_time(monkeypatch):
     readings = iter([0.0, 9.0, 0.0, 2.0, 0.0, 1.0, 0.0, 4.0])  # warm-up 9 s, then repeats of 2, 1 and 4 s
     monkeypatch.setattr(measure, "time", types.SimpleNamespace(perf_counter=lambda: next(readings)))
     assert measure.read_bandwidth("cpu", n_bytes=2**20, repeats=3) == 2**20 / 2
+
+
+# --- VerifyCost: the verify-cost curve, calibrated between the runs ---------------------------------------------
+
+class FakeMachine:
+    """A forward that logs its n and advances a fake clock by n × the machine's current speed (no real time)."""
+
+    def __init__(self):
+        self.now, self.speed, self.log = 0.0, 1.0, []
+
+    def forward(self, n):
+        self.log.append(n)
+        self.now += n * self.speed
+
+    def clock(self):
+        return self.now
+
+
+def test_verify_cost_sweeps_time_t1_around_every_sweep_and_warm_up_first():
+    from specdec_edu.course.measure import VerifyCost
+
+    machine = FakeMachine()
+    cost = VerifyCost.from_forward(machine.forward, [3, 2, 1], timer=machine.clock)
+    assert machine.log == [1, 2, 3], "one untimed warm-up forward per n, when made"
+    for _ in range(3):
+        cost.sweep()
+    assert machine.log[3:] == [1, 2, 3, 1] * 3, "each sweep: t(1), every other n, t(1) again"
+    assert cost.ratios() == {1: 1.0, 2: 2.0, 3: 3.0}
+
+
+def test_verify_cost_ratios_survive_a_machine_that_changes_speed_between_sweeps():
+    """Negative control included: dividing a later t(n) by an earlier t(1), as a curve timed before the runs does,
+    inflates the ratio by the change of speed; a sweep's own t(1) does not."""
+    from specdec_edu.course.measure import VerifyCost
+
+    machine = FakeMachine()
+    cost = VerifyCost.from_forward(machine.forward, range(1, 5), timer=machine.clock)
+    for speed in (1.0, 1.5, 0.7, 9.0):  # the last sweep hit by a stall: the median ignores it
+        machine.speed = speed
+        cost.sweep()
+    assert cost.ratios() == pytest.approx({1: 1.0, 2: 2.0, 3: 3.0, 4: 4.0})
+    t1_first_sweep, t4_second_sweep = 1 * 1.0, 4 * 1.5  # seconds on the fake clock at the two speeds
+    assert t4_second_sweep / t1_first_sweep == pytest.approx(6.0)  # what one t(1) timed before the runs would give
+
+
+def test_verify_cost_needs_three_sweeps():
+    from specdec_edu.course.measure import VerifyCost
+
+    machine = FakeMachine()
+    cost = VerifyCost.from_forward(machine.forward, [1, 5], timer=machine.clock)
+    cost.sweep()
+    cost.sweep()
+    with pytest.raises(RuntimeError, match="at least 3"):
+        cost.ratios()
+
+
+def test_verify_cost_times_real_forwards_at_the_same_context_length(target, forward_calls):
+    """On a model: each sweep's forwards append n tokens to the same 16-token context (the cache is cropped back)."""
+    from specdec_edu.course.measure import VerifyCost
+
+    calls = forward_calls
+    cost = VerifyCost(target, [1, 3], context_length=16)
+    cost.sweep()
+    assert calls == [(16, 0), (1, 16), (3, 16), (1, 16), (3, 16), (1, 16)]
+    assert set(cost.sweeps[0]) == {1, 3} and cost.sweeps[0][1] == 1.0

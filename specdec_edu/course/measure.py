@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -32,22 +33,96 @@ def forward_seconds(model, n_new: int, context_length: int = 64, repeats: int = 
     ``n_new`` padded to a compiled width; the warm-up compiles): pass a generation's
     ``stats.compiled`` to time the forwards on the path that generation took.
     """
-    vocab = model.config.vocab_size
-    gen = torch.Generator().manual_seed(0)
-    context = torch.randint(0, vocab, (1, context_length), generator=gen).to(model.device)
-    new = torch.randint(0, vocab, (1, n_new), generator=gen).to(model.device)
-    cache = kv.shared_static_cache(model, context_length + n_new, compile_options) if compile else kv.new_cache(model)
-    kv.forward(model, context, cache, logits_to_keep=1)
+    forward = _appending_forward(model, context_length, n_new, compile, compile_options)
     times = []
     for i in range(warmup + repeats):
         sync(model.device)
         start = time.perf_counter()
-        kv.forward(model, new, cache)  # all n_new positions' logits, as a verify pass needs
+        forward(n_new)  # appends n_new tokens, then crops them back
         sync(model.device)
         if i >= warmup:
             times.append(time.perf_counter() - start)
-        kv.crop(cache, n_new)
     return statistics.median(times)
+
+
+class VerifyCost:
+    """t(n) / t(1), the cost of a forward appending n tokens in one-token steps, measured between the runs it serves.
+
+    A curve timed once, before the runs, divides by a t(1) taken at another moment than its t(n), and of another
+    moment than the runs: on a shared machine the speed drifts in between (notebook 07 once timed t(1) = 31 ms before
+    its runs against 45 ms per step inside them, and every ratio came out inflated). So the forwards are timed in
+    *sweeps*: one forward per n, t(1) first and again last, and each sweep's t(n) is divided by the mean of that
+    sweep's two t(1). Call :meth:`sweep` between the runs (before each prompt, say); :meth:`ratios` is the median of
+    the sweeps' ratios, so one sweep hit by a stall does not move it. At least 3 sweeps are required.
+
+    ``compile=True`` times the compiled path, as :func:`forward_seconds` does. The first forward of each n runs
+    once untimed when the object is made (caches, allocator, compilation).
+    """
+
+    MIN_SWEEPS = 3
+
+    def __init__(self, model, ns: Iterable[int], context_length: int = 64, compile: bool = False,
+                 compile_options: dict | None = None):
+        self.ns = sorted(set(ns) | {1})
+        device = model.device
+        forward = _appending_forward(model, context_length, max(self.ns), compile, compile_options)
+        self._init(forward, lambda: sync(device))
+
+    @classmethod
+    def from_forward(cls, forward: Callable[[int], None], ns: Iterable[int],
+                     timer: Callable[[], float] = time.perf_counter) -> VerifyCost:
+        """A calibration around any ``forward(n)``: for tests (a fake forward and clock) and for other models."""
+        self = cls.__new__(cls)
+        self.ns = sorted(set(ns) | {1})
+        self._init(forward, lambda: None, timer)
+        return self
+
+    def _init(self, forward, wait, timer=time.perf_counter):
+        self._forward, self._wait, self._timer = forward, wait, timer
+        self.sweeps: list[dict[int, float]] = []  # one {n: t(n) / t(1)} per sweep
+        for n in self.ns:  # warm-up, untimed
+            forward(n)
+
+    def _seconds(self, n: int) -> float:
+        self._wait()
+        start = self._timer()
+        self._forward(n)
+        self._wait()
+        return self._timer() - start
+
+    def sweep(self) -> dict[int, float]:
+        """Time one forward per n (t(1) first and last) and keep this sweep's ratios; return them."""
+        first = self._seconds(1)
+        seconds = {n: self._seconds(n) for n in self.ns if n != 1}
+        one = (first + self._seconds(1)) / 2
+        ratios = {1: 1.0, **{n: t / one for n, t in seconds.items()}}
+        self.sweeps.append(ratios)
+        return ratios
+
+    def ratios(self) -> dict[int, float]:
+        """``{n: median over the sweeps of t(n) / t(1)}``; needs at least ``MIN_SWEEPS`` sweeps."""
+        if len(self.sweeps) < self.MIN_SWEEPS:
+            raise RuntimeError(f"{len(self.sweeps)} sweep(s) so far; call sweep() at least {self.MIN_SWEEPS} times, "
+                               "between the runs it calibrates")
+        return {n: statistics.median(s[n] for s in self.sweeps) for n in self.ns}
+
+
+@torch.no_grad()
+def _appending_forward(model, context_length: int, max_new: int, compile: bool, compile_options: dict | None):
+    """``forward(n)``: one forward appending n tokens to a ``context_length`` cache, cropped back after it."""
+    vocab = model.config.vocab_size
+    gen = torch.Generator().manual_seed(0)
+    context = torch.randint(0, vocab, (1, context_length), generator=gen).to(model.device)
+    new = torch.randint(0, vocab, (1, max_new), generator=gen).to(model.device)
+    cache = kv.shared_static_cache(model, context_length + max_new, compile_options) if compile else kv.new_cache(model)
+    kv.forward(model, context, cache, logits_to_keep=1)
+
+    @torch.no_grad()
+    def forward(n: int) -> None:
+        kv.forward(model, new[:, :n], cache)  # all n positions' logits, as a verify pass needs
+        kv.crop(cache, n)
+
+    return forward
 
 
 def latency_curve(model, ns=(1, 2, 4, 8, 16, 32, 64), context_length: int = 64, repeats: int = 5,
