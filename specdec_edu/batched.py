@@ -33,7 +33,7 @@ def _forward(model, cache, mask, ids, new_mask, **kwargs):
     full = torch.cat([mask, new_mask], 1)
     # positions count valid tokens only; a masked slot gets any position (nobody attends to it)
     positions = (mask.sum(-1, keepdim=True) + new_mask.cumsum(-1) - 1).clamp(min=0)
-    return kv.forward(model, ids, cache, attention_mask=full, position_ids=positions, **kwargs), full
+    return kv.forward_cached(model, ids, cache, attention_mask=full, position_ids=positions, **kwargs), full
 
 
 class Batch:

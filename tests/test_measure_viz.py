@@ -16,13 +16,13 @@ class CharTokenizer:
 def test_forward_seconds_times_every_repeat_at_the_same_context_length(target, monkeypatch):
     """The cache is cropped back after each timed forward: every one appends n_new to context_length."""
     calls = []
-    real_forward = measure.kv.forward
+    real_forward = measure.kv.forward_cached
 
     def spy(model, input_ids, cache, **kw):
         calls.append((input_ids.shape[1], measure.kv.cache_length(cache)))
         return real_forward(model, input_ids, cache, **kw)
 
-    monkeypatch.setattr(measure.kv, "forward", spy)
+    monkeypatch.setattr(measure.kv, "forward_cached", spy)
     # the clock is read before each forward and after each timed one: the repeats last 3, 1 and 10 s
     readings = iter([50.0, 0.0, 3.0, 0.0, 1.0, 0.0, 10.0])
     monkeypatch.setattr(measure, "time", types.SimpleNamespace(perf_counter=lambda: next(readings)))

@@ -36,12 +36,12 @@ def forward_seconds(model, n_new: int, context_length: int = 64, repeats: int = 
     context = torch.randint(0, vocab, (1, context_length), generator=gen).to(model.device)
     new = torch.randint(0, vocab, (1, n_new), generator=gen).to(model.device)
     cache = kv.shared_static_cache(model, context_length + n_new, compile_options) if compile else kv.new_cache(model)
-    kv.forward(model, context, cache, logits_to_keep=1)
+    kv.forward_cached(model, context, cache, logits_to_keep=1)
     times = []
     for i in range(warmup + repeats):
         sync(model.device)
         start = time.perf_counter()
-        kv.forward(model, new, cache)  # all n_new positions' logits, as a verify pass needs
+        kv.forward_cached(model, new, cache)  # all n_new positions' logits, as a verify pass needs
         sync(model.device)
         if i >= warmup:
             times.append(time.perf_counter() - start)
