@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 
 from . import kv
-from .round import max_positions
+from .round import gamma_within, max_positions
 from .sampling import check_generator
 
 ToProbs = Callable[[torch.Tensor], torch.Tensor]
@@ -142,25 +142,6 @@ def common_prefix_length(a: torch.Tensor, b: torch.Tensor) -> int:
     n = min(len(a), len(b))
     mismatch = (a[:n] != b[:n]).nonzero()
     return int(mismatch[0]) if len(mismatch) else n
-
-
-def gamma_within_positions(draft: torch.nn.Module, context_length: int, gamma: int) -> int:
-    """γ cut so that ``draft`` never reads past its own position limit; a context it cannot read raises.
-
-    Drafting reads the context (positions 0 … n − 1), then the first γ − 1 drafts (the last one is never
-    fed): n + γ − 1 positions. Past its limit a model with learned positions (GPT-2) fails with an
-    IndexError, and one with rotary positions runs where it was never trained.
-    """
-    limit = max_positions(draft)
-    if limit is None:
-        return gamma
-    if context_length > limit:
-        raise ValueError(
-            f"the draft model reads at most {limit} positions (config.max_position_embeddings / n_positions), but the "
-            f"context has {context_length} tokens: shorten the prompt (or lower max_new_tokens), or use a draft model "
-            "with a longer context."
-        )
-    return min(gamma, limit - context_length + 1)
 
 
 class ModelDrafter:
@@ -292,7 +273,7 @@ class ModelDrafter:
         context = context.cpu()  # the loop passes a host tensor already (a device one would cost a sync here)
         if self.static is not None and self.static.holder is not self._mark:
             self.reset()  # another ModelDrafter of this model used the shared cache since: none of its K/V are ours
-        gamma = gamma_within_positions(self.model, len(context), gamma)
+        gamma = gamma_within(gamma, len(context), draft_limit=max_positions(self.model))
         if gamma < 1:
             return no_drafts(self.head_size or self.vocab_size, self.model.device)
         # 1. Roll the cache back to what still matches the context (rejected drafts go).

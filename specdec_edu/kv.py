@@ -48,18 +48,19 @@ from transformers import DynamicCache, StaticCache
 from .round import max_positions
 
 # The transformers versions CI tests (``.ci/run``: its main environment pins the last one in
-# ``constraints/ci.txt``, and its version matrix installs the others). The one list: docs point here.
+# ``constraints/ci.txt``; its steps 2 and 2b install the others). The one list: docs point here.
 TESTED_TRANSFORMERS = ("4.56.2", "5.2.0", "5.10.4", "5.17.0", "5.24.0")
 
 # transformers 5.x: caches can record past states so that sliding layers can be rolled back.
 _RECORDS_PAST = hasattr(DynamicCache, "activate_past_recording")
 
 
-def _unsupported(what: str) -> RuntimeError:
+def _unsupported(what: str, alternative: str = "") -> RuntimeError:
+    """The error for a transformers whose cache internals we cannot use: what failed, and the fix."""
     return RuntimeError(
         f"transformers {transformers.__version__}: {what}. specdec_edu is tested with transformers "
         f"{', '.join(TESTED_TRANSFORMERS)}: install one of them (e.g. pip install "
-        f"transformers=={TESTED_TRANSFORMERS[-1]}), or run without a static cache (compile=False)."
+        f"transformers=={TESTED_TRANSFORMERS[-1]}){alternative}."
     )
 
 
@@ -71,7 +72,8 @@ def _cache_class(name: str) -> type:
 
     cls = getattr(transformers.cache_utils, name, None)
     if cls is None:
-        raise _unsupported(f"transformers.cache_utils has no {name}, which this cache needs")
+        raise _unsupported(f"transformers.cache_utils has no {name}, which this cache needs",
+                           ", or run without a static cache (compile=False)" if name == "StaticLayer" else "")
     return cls
 
 
@@ -234,21 +236,19 @@ class StaticKV:
         would stay visible and tokens would come out wrong, with no error. So we compare K/V slots
         (not logits, which bf16 and CUDA graphs perturb) and raise instead.
         """
-        ids = torch.zeros(1, 2, dtype=torch.long, device=self.device)
-        self.write(forward_at_positions, model, ids, 2)
-        self.rollback(1)
+        ids, slots = torch.zeros(1, 2, dtype=torch.long, device=self.device), torch.arange(3, device=self.device)
+        forward_at_positions(model, ids, self, slots[:2])  # two tokens, at 0 and 1
         before = [layer.keys[:, :, :3].clone() for layer in self.cache.layers]  # [batch, heads, 3 slots, head_dim]
-        self.write(forward_at_positions, model, ids[:, :1] + 1, 1)  # the marker: another token at position 1
+        forward_at_positions(model, ids[:, :1] + 1, self, slots[1:2])  # one rolled back: the marker goes to 1
         changed = [slot for slot in range(3)
                    if any(bool((layer.keys[:, :, slot] != old[:, :, slot]).any())
                           for layer, old in zip(self.cache.layers, before))]
-        self.rollback(2)
         if changed != [1]:
             raise _unsupported(
                 f"after a rollback, {type(model).__name__}'s static cache wrote a token's K/V into slot(s) {changed} "
                 "instead of slot 1, where the cache's length says (the forward takes no cache_position, and the "
                 "layers have no write counter we can set), so rejected drafts would stay visible and the output "
-                "would be wrong"
+                "would be wrong", ", or run without a static cache (compile=False)"
             )
 
     @torch.no_grad()

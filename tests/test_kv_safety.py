@@ -234,3 +234,23 @@ def test_ci_tests_exactly_the_listed_transformers_versions():
     assert pinned == [kv.TESTED_TRANSFORMERS[-1]] and oldest == [kv.TESTED_TRANSFORMERS[0]]
     assert re.search(r"^python3 -m venv \.venv && \.venv/bin/pip install -q -c constraints/ci\.txt ", run, re.M)
     assert "transformers==" not in (ROOT / "pyproject.toml").read_text()
+
+
+# ---- γ is cut in one place --------------------------------------------------------------------------------
+
+
+def test_gamma_is_cut_in_one_place():
+    """``round.gamma_within`` is the one rule: γ + 1 emitted tokens fit in max_new_tokens and the target's positions,
+    and the draft reads ``length + γ − 1`` positions; the round (``round_gamma``), a ModelDrafter and the batched
+    loop all ask it. Before: three rules (``RoundRecorder.room``, ``round_gamma``, ``gamma_within_positions``)."""
+    from specdec_edu import drafters, result
+    from specdec_edu.round import gamma_within
+
+    assert gamma_within(4, 10) == 4
+    assert gamma_within(4, 10, new_tokens_left=3) == 2  # 2 drafts + 1 target token = the 3 left
+    assert gamma_within(4, 10, target_limit=13) == 2  # 10 + 3 tokens fill 13 positions
+    assert gamma_within(4, 10, draft_limit=12) == 3  # reads 10 + 2 fed drafts = 12 positions
+    assert gamma_within(4, 10, new_tokens_left=1, target_limit=100) == 0  # one token left: the target's
+    with pytest.raises(ValueError, match=r"draft model reads at most 9 positions .* 10 tokens"):
+        gamma_within(4, 10, draft_limit=9)
+    assert not hasattr(result.RoundRecorder, "room") and not hasattr(drafters, "gamma_within_positions")
