@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from . import kv
-from .drafters import ModelDrafter, draft_loop, gamma_within_positions
+from .drafters import ModelDrafter, draft_loop
 from .models.shapes import head_rows, max_positions
 from .result import GenerationResult, GenerationStats, PhaseClock, RoundRecorder
 from .round import round_gamma, speculative_round
@@ -35,7 +35,7 @@ def _masked_forward(model, cache, mask, ids, new_mask, **kwargs):
     full = torch.cat([mask, new_mask], 1)
     # positions count valid tokens only; a masked slot gets any position (nobody attends to it)
     positions = (mask.sum(-1, keepdim=True) + new_mask.cumsum(-1) - 1).clamp(min=0)
-    return kv.forward(model, ids, cache, attention_mask=full, position_ids=positions, **kwargs), full
+    return kv.forward_cached(model, ids, cache, attention_mask=full, position_ids=positions, **kwargs), full
 
 
 class Batch:
@@ -148,7 +148,8 @@ def batched_speculative_generate(target, drafter: ModelDrafter, input_ids, atten
                          "(e.g. prompt lookup, EAGLE, Medusa) one prompt at a time.")
     clock = PhaseClock(input_ids.device, profile)
     rows, batch = _recorders(target, attention_mask, config, clock), GenerationStats()  # batch: its rounds and times
-    gamma_within_positions(drafter.model, max(row.length for row in rows), gamma)  # prompts the draft cannot read: raise now
+    draft_limit = max_positions(drafter.model)
+    round_gamma(gamma, rows, draft_limit)  # prompts the draft cannot read: raise now
     loop = Batch(target, drafter, input_ids, attention_mask, config, generator)
     loop.prefill()
     batch.prefill_seconds = clock.lap()
@@ -157,7 +158,7 @@ def batched_speculative_generate(target, drafter: ModelDrafter, input_ids, atten
     while generating := [row for row in rows if not row.stats.stopped_by]:
         loop.generating = torch.tensor([not row.stats.stopped_by for row in rows], device=input_ids.device).long()
         # One γ for the batch: no row still generating may pass its limits, nor the draft its positions.
-        gamma_round = gamma_within_positions(drafter.model, max(row.length for row in generating), round_gamma(gamma, generating))
+        gamma_round = round_gamma(gamma, generating, draft_limit)
         drafts, n, next_token, phases = speculative_round(loop, gamma_round, config, accept_fn, generator, clock)
         batch.rounds += 1
         batch.record_times(phases, profile)

@@ -45,7 +45,8 @@ import torch
 import torch.nn.functional as F
 
 from . import kv
-from .round import max_positions
+from .models.shapes import max_positions
+from .round import gamma_within
 from .sampling import check_generator
 
 ToProbs = Callable[[torch.Tensor], torch.Tensor]
@@ -144,25 +145,6 @@ def common_prefix_length(a: torch.Tensor, b: torch.Tensor) -> int:
     return int(mismatch[0]) if len(mismatch) else n
 
 
-def gamma_within_positions(draft: torch.nn.Module, context_length: int, gamma: int) -> int:
-    """γ cut so that ``draft`` never reads past its own position limit; a context it cannot read raises.
-
-    Drafting reads the context (positions 0 … n − 1), then the first γ − 1 drafts (the last one is never
-    fed): n + γ − 1 positions. Past its limit a model with learned positions (GPT-2) fails with an
-    IndexError, and one with rotary positions runs where it was never trained.
-    """
-    limit = max_positions(draft)
-    if limit is None:
-        return gamma
-    if context_length > limit:
-        raise ValueError(
-            f"the draft model reads at most {limit} positions (config.max_position_embeddings / n_positions), but the "
-            f"context has {context_length} tokens: shorten the prompt (or lower max_new_tokens), or use a draft model "
-            "with a longer context."
-        )
-    return min(gamma, limit - context_length + 1)
-
-
 class ModelDrafter:
     """A small causal LM drafting autoregressively, with its own KV cache.
 
@@ -171,18 +153,19 @@ class ModelDrafter:
         head_size: if set (or if ``model.config.draft_vocab_size`` is), only the
             first ``head_size`` token ids get logits: a cheaper head whose other
             tokens have q = 0 (``speculative_generate`` pads q with zeros).
-        static_cache: keep K/V in a preallocated ``StaticCache`` (see ``kv.StaticKV``)
-            instead of a growing ``DynamicCache``. Same output; needed by ``compile``.
-        max_cache_len: positions the static cache holds (default: the model's
-            ``max_position_embeddings``). Smaller is faster (every step attends over all
-            slots, masked or not); a generation that needs more raises, naming the fix.
-        compile: run every forward (one-token steps, the catch-up feed, the prefill) through
-            ``torch.compile``'d code of a few fixed input widths (needs ``static_cache=True``;
-            see ``kv.forward_padded``). The cache is then the draft model's shared compiled
-            cache (``kv.shared_static_cache``: ``max_cache_len`` rounded up to a power of two,
-            at least 256). Off by default here: compiling takes seconds to minutes and pays off
-            only over many steps, on a GPU. ``speculative_generate(draft_model, compile=…)``
-            builds a compiled ModelDrafter for you (on CUDA by default).
+        max_cache_len: with ``compile``, the positions the cache must hold (default: the model's
+            ``max_position_embeddings``); a generation that needs more raises, naming the fix.
+        compile: keep K/V in a preallocated static cache (see ``kv.StaticKV``) and run every
+            forward (one-token steps, the catch-up feed, the prefill) through ``torch.compile``'d
+            code of a few fixed input widths (see ``kv.forward_compiled``); same output. The cache
+            is the draft model's shared compiled cache (``kv.shared_static_cache``: ``max_cache_len``
+            rounded up to a power of two, at least 256). Off by default here: compiling takes
+            seconds to minutes and pays off only over many steps, on a GPU.
+            ``speculative_generate(draft_model, compile=…)`` builds a compiled ModelDrafter for you
+            (on CUDA by default).
+        static_cache: ``True`` only together with ``compile=True`` (which implies it; kept so that
+            ``static_cache=True, compile=True`` still reads as it did). A static cache without
+            compiling is not offered here: no lesson used it (``kv.new_static_cache`` makes one for tests).
         compile_options: keyword arguments for ``torch.compile``, over the defaults
             ``dynamic=False, fullgraph=True`` and, on CUDA, ``mode="reduce-overhead"`` (CUDA graphs;
             see ``kv.full_compile_options``; tests pass ``{"backend": "aot_eager"}``).
@@ -210,36 +193,40 @@ class ModelDrafter:
     from, whatever it conditioned on. The acceptance rate α does, which is why the
     tests compare q with a from-scratch recomputation after rollbacks.
 
+    Two compiled ModelDrafters of one model share its cache. Each marks the cache as its own
+    (``kv.StaticKV.holder``) when it resets; one that finds another's mark in ``propose`` has lost
+    its K/V to the other and starts over from its context (same q, one longer feed).
+
     Tokens and q come back on the model's device; nothing in ``propose`` waits for it.
     """
 
     def __init__(self, model: torch.nn.Module, head_size: int | None = None, *, static_cache: bool = False,
                  max_cache_len: int | None = None, compile: bool = False, compile_options: dict | None = None):
-        if compile and not static_cache:
-            raise ValueError("compile=True needs static_cache=True: a compiled step needs fixed shapes, and a dynamic "
-                             "cache grows every step.")
+        if static_cache and not compile:
+            raise ValueError("static_cache=True needs compile=True: the static cache is what a compiled step needs "
+                             "(fixed shapes). Pass compile=True (static and compiled), or neither (a dynamic cache).")
         self.model = model
         self.head_size = head_size or getattr(model.config, "draft_vocab_size", None)
         self.vocab_size = model.config.vocab_size
         # A reduced head runs the bare decoder, then multiplies by the first head_size rows only.
         self._net = model if self.head_size is None else model.get_decoder()
         self._net_kwargs = {"logits_to_keep": 1} if self.head_size is None else {}
-        self.static = None
-        if static_cache:
+        self.static, self._mark = None, object()  # _mark: this drafter's token in a shared cache's holder
+        if compile:
             max_cache_len = max_cache_len or getattr(model.config, "max_position_embeddings", None)
             if max_cache_len is None:
-                raise ValueError("static_cache=True needs max_cache_len (the model's config has no max_position_embeddings).")
+                raise ValueError("compile=True needs max_cache_len (the model's config has no max_position_embeddings).")
             # Compiled code is specialised to its cache, so a compiled drafter takes the draft model's shared
             # one: every ModelDrafter of this model (one per call when speculative_generate wraps a bare
             # model) reuses it, and each width compiles once.
-            self.static = (kv.shared_static_cache(self._net, max_cache_len, compile_options, role="draft") if compile
-                           else kv.new_static_cache(self._net, max_cache_len))
+            self.static = kv.shared_static_cache(self._net, max_cache_len, compile_options, role="draft")
         self.reset()
 
     def reset(self) -> None:
         """Forget the cache (e.g. before a new prompt)."""
         if self.static is not None:
             kv.crop(self.static, kv.cache_length(self.static))  # rewinding is enough: stale slots are masked, then overwritten
+            self.static.holder = self._mark  # ours now (another ModelDrafter of this model may have held it)
             self.cache = self.static
         else:
             self.cache = kv.new_cache(self.model)
@@ -254,7 +241,7 @@ class ModelDrafter:
 
     def _logits(self, ids: torch.Tensor) -> torch.Tensor:
         """Feed ``ids`` ``[1, n]`` through the draft (compiled if asked, whatever n); logits ``[V']`` for the token after them."""
-        out = kv.forward(self._net, ids, self.cache, **self._net_kwargs)
+        out = kv.forward_cached(self._net, ids, self.cache, **self._net_kwargs)
         if self.head_size is None:
             return out.logits[0, -1]
         return F.linear(out.last_hidden_state[0, -1], self.model.get_output_embeddings().weight[: self.head_size])
@@ -285,7 +272,9 @@ class ModelDrafter:
 
         γ' = γ, or fewer where the draft model's own position limit leaves no room for γ."""
         context = context.cpu()  # the loop passes a host tensor already (a device one would cost a sync here)
-        gamma = gamma_within_positions(self.model, len(context), gamma)
+        if self.static is not None and self.static.holder is not self._mark:
+            self.reset()  # another ModelDrafter of this model used the shared cache since: none of its K/V are ours
+        gamma = gamma_within(gamma, len(context), draft_limit=max_positions(self.model))
         if gamma < 1:
             return no_drafts(self.head_size or self.vocab_size, self.model.device)
         # 1. Roll the cache back to what still matches the context (rejected drafts go).

@@ -83,7 +83,7 @@ def as_drafter(draft, target, compile: bool = False, compile_options: dict | Non
             f"padding, cap the draft's head: ModelDrafter(draft, head_size={head_rows(target)})."
         )
     if compile:
-        return ModelDrafter(draft, static_cache=True, max_cache_len=positions, compile=True, compile_options=compile_options)
+        return ModelDrafter(draft, max_cache_len=positions, compile=True, compile_options=compile_options)
     return ModelDrafter(draft)
 
 
@@ -141,14 +141,16 @@ def raise_for_errors(errors: RoundErrors, drafter) -> None:
                          "outside the vocabulary): q must be the distribution each token was actually drawn from.")
 
 
-def target_logits_and_features(target, ids, cache, with_features: bool):
-    """Run the target on ``ids [1, n]`` after what ``cache`` holds: logits ``[n, V]`` and, for drafters
-    that draft from the target's own features (EAGLE, Medusa), its last hidden states ``[n, d]``
-    (the input of ``lm_head``). For those we run the decoder and the head separately."""
+def target_logits_and_features(target, ids, cache, with_features: bool, logits_to_keep: int = 0):
+    """Run the target on ``ids [1, n]`` after what ``cache`` holds: logits ``[k, V]`` for the last k =
+    ``logits_to_keep`` positions (0: all n) and, for drafters that draft from the target's own features
+    (EAGLE, Medusa), its last hidden states ``[n, d]`` (the input of ``lm_head``). For those we run the
+    decoder and the head separately."""
     if not with_features:
-        return kv.forward(target, ids, cache).logits[0], None
-    hidden = kv.forward(target.get_decoder(), ids, cache).last_hidden_state[0]
-    return target.get_output_embeddings()(hidden), hidden
+        keep = {"logits_to_keep": logits_to_keep} if logits_to_keep else {}  # verify: the model's own default (all)
+        return kv.forward_cached(target, ids, cache, **keep).logits[0], None
+    hidden = kv.forward_cached(target.get_decoder(), ids, cache).last_hidden_state[0]
+    return target.get_output_embeddings()(hidden[-logits_to_keep:]), hidden
 
 
 def target_cache(target, compile: bool, compile_options: dict | None, positions: int):
@@ -205,7 +207,9 @@ class OnePrompt:
     def prefill(self) -> None:
         """The target reads the prompt but its last token (which the first verify pass feeds)."""
         if len(self.prompt) > 1:
-            _, features = target_logits_and_features(self.target, self.prompt[None, :-1], self.cache, self.with_features)
+            # No round reads the prefill's logits: keep one row (not one per prompt token: 2k × a 152k vocabulary is 1 GB)
+            _, features = target_logits_and_features(self.target, self.prompt[None, :-1], self.cache, self.with_features,
+                                                         logits_to_keep=1)
             if self.with_features:
                 self.drafter.observe(features)
 
@@ -285,7 +289,7 @@ def speculative_generate(
         profile: wait for the device at every phase of a round, so that ``stats.phase_seconds``
             and the draft/verify times are exact on a GPU (slower there; free on a CPU).
         compile: run every forward through ``torch.compile``'d code on static caches
-            (``kv.forward_padded``): the target's (prefill, verify of every width γ' + 1) and,
+            (``kv.forward_compiled``): the target's (prefill, verify of every width γ' + 1) and,
             when ``draft`` is a model, the draft's (a compiled ``ModelDrafter``); same output.
             ``None`` (default): compiled on CUDA, eager elsewhere, or as ``$SPECDEC_EDU_COMPILE``
             says (``compiles_by_default``). The first compiled call with a model compiles all its
@@ -360,7 +364,7 @@ def autoregressive_generate(
     cache = target_cache(target, compile, compile_options, len(prompt) + max_new_tokens)  # compiles before the clock
     max_pos, stats, clock = max_positions(target), GenerationStats(compiled=compile), PhaseClock(prompt.device, False)
     new: list[int] = []
-    logits = kv.forward(target, prompt[None], cache, logits_to_keep=1).logits[0, -1]  # prefill → first next-token logits
+    logits = kv.forward_cached(target, prompt[None], cache, logits_to_keep=1).logits[0, -1]  # prefill → first next-token logits
     while True:
         token = logits.argmax() if not do_sample else sample(config.to_probs(logits), generator)
         token_id, finite = torch.stack([token, torch.isfinite(logits).all().long()]).tolist()  # one sync per token
@@ -372,7 +376,7 @@ def autoregressive_generate(
         stats.stopped_by = stop_reason(len(new), len(prompt) + len(new), token_id in config.eos, max_new_tokens, max_pos)
         if stats.stopped_by:
             break
-        logits = kv.forward(target, token.view(1, 1), cache).logits[0, -1]  # one forward, one new token
+        logits = kv.forward_cached(target, token.view(1, 1), cache).logits[0, -1]  # one forward, one new token
         stats.rounds += 1
         stats.tokens_per_round.append(1)
         stats.verify_seconds += clock.lap()

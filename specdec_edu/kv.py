@@ -1,7 +1,13 @@
 """The one place that talks to transformers' KV cache (kept small so that version drift stays here).
 
-Speculative decoding needs three things from a cache: make one, run a forward pass
-that appends to it, and *roll it back* when draft tokens are rejected.
+**What speculative decoding needs from a cache.** A round feeds the target the newest token and γ
+drafts in one forward, so the cache must take n new tokens at once and append their keys and
+values (K/V). Then the rule rejects some drafts, and their K/V must go: the cache must *roll back*
+by any number of positions, cheaply, every round. And after a rollback the next forward must write
+right after what was kept, over the rejected drafts' slots: if it wrote anywhere else, the rejected
+drafts would stay visible to attention and the output would be wrong, with no error. The draft
+model's own cache needs the same three things. Everything else here (preallocated K/V, compiled
+forwards, padding) is a speed-up that must not change a single logit.
 
 Two kinds of cache:
 
@@ -12,44 +18,19 @@ Two kinds of cache:
   beyond it (stale drafts) are hidden by the causal mask until they are overwritten.
   Fixed shapes are what ``torch.compile`` needs: with ``compile=True`` every forward runs
   through compiled code of a few fixed input widths (``WIDTHS``: 1, 8, 16), padding the input up
-  to the next width (``forward_padded`` says why that cannot change the result).
+  to the next width (``forward_compiled`` says why that cannot change the result). When it is
+  made, a ``StaticKV`` checks that a write after a rollback lands where the host says.
 
-Version notes (tested with transformers 5.24 and 4.56.2; static caches also with 5.2.0, 5.10.4, 5.17.0):
+Three ways to run a forward, named for how they differ:
 
-- the forward keyword is ``cache=`` in transformers 5.x (``past_key_values=`` is
-  deprecated there) and ``past_key_values=`` before; we look at the signature.
-- ``DynamicCache.crop(-n)`` removes the last n positions in every version; a
-  positive argument means "keep this many" in 4.x but raises in 5.x, so we only
-  call ``crop(-n)``; ``crop(0)`` means "keep 0" in 4.x, so we call it only on 5.x
-  caches, where it trims a sliding-window layer back to its window.
-- Sliding-window layers (Mistral; and hybrid models whose ``config.layer_types`` mixes
-  "full_attention" with "sliding_attention", e.g. Qwen2 with ``use_sliding_window``,
-  Gemma 2/3). A cache built from the config keeps only a sliding layer's last W − 1
-  positions, so once the window has rolled over, a rollback would need K/V that are
-  gone (transformers raises). Transformers' own assisted decoding, which we mirror:
-  5.x calls ``cache.activate_past_recording()``: a sliding layer then keeps every new
-  position until the next ``crop``, which rolls back and trims to the window; 4.56
-  builds its ``DynamicCache()`` *without* the config, so every layer keeps the full
-  sequence and the model's attention mask alone applies the window; so does 5.x where a
-  recording sliding layer returns more K/V than its mask covers (5.17, see
-  ``_recording_shows_the_window``): there ``new_cache`` keeps sliding layers in full. Static caches:
-  a static sliding layer is a ring buffer that cannot be rolled back past the window
-  in any version, so ``new_static_cache`` stores every layer in full (more memory,
-  same attention: the mask still applies the window).
-- Static caches, three generations (tested with 4.56.2, 5.2.0, 5.10.4, 5.17.0, 5.20.2
-  and 5.24.0):
+- ``forward_cached(model, ids, cache)``: any cache; appends the new tokens. The loops call this one.
+- ``forward_at_positions(model, ids, static, positions)``: one eager write into a ``StaticKV`` at
+  positions the host gives. This is the code that gets compiled.
+- ``forward_compiled(model, ids, static)``: ``forward_cached`` for a compiled ``StaticKV``: the ids
+  padded to a compiled width, in chunks.
 
-  * 4.x and 5.0–5.9 write K/V at the forward's ``cache_position`` argument (and count a
-    layer's length as its non-zero slots, which is wrong after a rollback: we never ask);
-  * 5.10–5.23 dropped ``cache_position``: each layer writes at its own counter
-    ``cumulative_length`` (a device tensor) and has no ``crop`` to move it back, so after a
-    few rollbacks writes marched past the end (``index_copy_(): index 96 is out of bounds``);
-  * 5.24+ keep the counter and give the layer ``crop(-n)``.
-
-  ``forward_at`` makes all three write where the host says: it passes the positions as
-  ``cache_position`` where the forward takes them, and otherwise first sets every layer's
-  counter to the first position (in place, inside the same compiled program). A rollback
-  then touches nothing on the device, and none of it waits for the device.
+Tested with the transformers versions in ``TESTED_TRANSFORMERS`` (``.ci/run`` tests each one); how
+their caches differ, and what we do about it, is in the "Version notes" at the end of this module.
 """
 
 from __future__ import annotations
@@ -61,39 +42,70 @@ import weakref
 from collections.abc import Callable
 
 import torch
+import transformers
 from transformers import DynamicCache, StaticCache
-from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, StaticLayer
+
+from .models.shapes import max_positions
+
+# The transformers versions CI tests (``.ci/run``: its main environment pins the last one in
+# ``constraints/ci.txt``; its steps 2 and 2b install the others). The one list: docs point here.
+TESTED_TRANSFORMERS = ("4.56.2", "5.2.0", "5.10.4", "5.17.0", "5.24.0")
 
 # transformers 5.x: caches can record past states so that sliding layers can be rolled back.
 _RECORDS_PAST = hasattr(DynamicCache, "activate_past_recording")
 
 
-def _recording_shows_the_window() -> bool:
-    """Does a recording sliding layer return only the K/V that the mask covers (W − 1 + new)?
+def _unsupported(what: str, alternative: str = "") -> RuntimeError:
+    """The error for a transformers whose cache internals we cannot use: what failed, and the fix."""
+    return RuntimeError(
+        f"transformers {transformers.__version__}: {what}. specdec_edu is tested with transformers "
+        f"{', '.join(TESTED_TRANSFORMERS)}: install one of them (e.g. pip install "
+        f"transformers=={TESTED_TRANSFORMERS[-1]}){alternative}."
+    )
 
-    5.20+ do. 5.17 returns everything it recorded, so two forwards without a crop between them
-    (a prefill, then a verify) meet a mask narrower than the keys: ``The size of tensor a (20)
-    must match the size of tensor b (11)``. Asked of a 2-slot layer, not of a version number.
+
+@functools.cache
+def _cache_class(name: str) -> type:
+    """``transformers.cache_utils.<name>``, looked up when first needed, not at import: these classes are
+    private, and a release that renames one must not break ``import specdec_edu`` for everyone."""
+    import transformers.cache_utils
+
+    cls = getattr(transformers.cache_utils, name, None)
+    if cls is None:
+        raise _unsupported(f"transformers.cache_utils has no {name}, which this cache needs",
+                           ", or run without a static cache (compile=False)" if name == "StaticLayer" else "")
+    return cls
+
+
+@functools.cache
+def _full_sliding_layers() -> bool:
+    """Must ``new_cache`` keep sliding layers in full? Yes where a recording sliding layer returns more
+    K/V than the mask covers (W − 1 + new), as 5.17 does; 5.20+ return only those (see the version notes).
+
+    Asked of a 2-slot layer, not of a version number, and only for a model that has sliding layers.
     """
-    layer = DynamicSlidingWindowLayer(sliding_window=2)
-    layer.activate_past_recording()
-    states = torch.zeros(1, 1, 3, 1)
-    layer.update(states, states)
-    return layer.update(states[:, :, :1], states[:, :, :1])[0].shape[-2] == 2
-
-
-_FULL_SLIDING_LAYERS = _RECORDS_PAST and not _recording_shows_the_window()
+    layer_class = _cache_class("DynamicSlidingWindowLayer")
+    try:
+        layer = layer_class(sliding_window=2)
+        layer.activate_past_recording()
+        states = torch.zeros(1, 1, 3, 1)
+        layer.update(states, states)
+        return layer.update(states[:, :, :1], states[:, :, :1])[0].shape[-2] != 2
+    except Exception as error:  # an API change in a private class: say what, and what to do
+        raise _unsupported(f"probing how a sliding-window cache layer records past states failed ({error!r})") from error
 
 
 def new_cache(model: torch.nn.Module) -> DynamicCache:
     """An empty KV cache for ``model`` that can be rolled back to any earlier length."""
-    if _RECORDS_PAST:  # 5.x: layers as the config says (sliding, linear, …), recording until cropped
-        cache = DynamicCache(config=model.config)
-        if _FULL_SLIDING_LAYERS:  # 5.17: sliding layers keep everything instead (the mask still applies the window)
-            cache.layers = [DynamicLayer() if getattr(layer, "is_sliding", False) else layer for layer in cache.layers]
-        cache.activate_past_recording()
-        return cache
-    return DynamicCache()  # 4.x: full layers everywhere (what 4.x assisted decoding does)
+    if not _RECORDS_PAST:
+        return DynamicCache()  # 4.x: full layers everywhere (what 4.x assisted decoding does)
+    cache = DynamicCache(config=model.config)  # 5.x: layers as the config says (sliding, linear, …)
+    if any(getattr(layer, "is_sliding", False) for layer in cache.layers) and _full_sliding_layers():
+        # 5.17: sliding layers keep everything instead (the mask still applies the window)
+        cache.layers = [_cache_class("DynamicLayer")() if getattr(layer, "is_sliding", False) else layer
+                        for layer in cache.layers]
+    cache.activate_past_recording()  # recording until cropped
+    return cache
 
 
 @functools.cache
@@ -106,19 +118,19 @@ def _takes_cache_position(forward_fn) -> bool:
     return "cache_position" in inspect.signature(forward_fn).parameters
 
 
-def forward(model: torch.nn.Module, input_ids: torch.Tensor, cache, **kwargs):
+def forward_cached(model: torch.nn.Module, input_ids: torch.Tensor, cache, **kwargs):
     """Run ``model`` on ``input_ids`` ``[1, n]``, appending their keys/values to ``cache``.
 
     Positions continue from the cache length, so the caller only passes new tokens.
     ``cache`` is a ``DynamicCache`` (``new_cache``) or a ``StaticKV`` (``new_static_cache``);
-    a compiled ``StaticKV`` runs the compiled code (``forward_padded``), whatever n.
+    a compiled ``StaticKV`` runs the compiled code (``forward_compiled``), whatever n.
     Returns the model's output object (``.logits`` for a causal LM,
     ``.last_hidden_state`` for a bare decoder).
     """
     if isinstance(cache, StaticKV) and cache.widths is not None:
-        return forward_padded(model, input_ids, cache, **kwargs)
+        return forward_compiled(model, input_ids, cache, **kwargs)
     if isinstance(cache, StaticKV):
-        return forward_at(model, input_ids, cache, cache.reserve(input_ids.shape[-1]), **kwargs)
+        return cache.write(forward_at_positions, model, input_ids, input_ids.shape[-1], **kwargs)
     keyword = _cache_keyword(type(model).forward)
     return model(input_ids=input_ids, use_cache=True, **{keyword: cache}, **kwargs)
 
@@ -165,14 +177,19 @@ class StaticKV:
 
     Keeping the length on the host means that rolling back, and building the next
     positions, never waits for the device: ``rollback`` only moves the int, and every
-    forward tells the layers where to write (see ``forward_at``). ``reserve(n)`` hands out
-    the next n positions (a device tensor) and refuses, naming the fix, once ``max_len``
-    would be exceeded.
+    forward tells the layers where to write (see ``forward_at_positions``). ``write`` runs
+    one forward at the next positions and counts them only once it has returned, so a
+    forward that raises (or is interrupted) leaves ``length`` as it was; it refuses, naming
+    the fix, once ``max_len`` would be exceeded.
 
     With ``compile=True`` every forward goes through ``torch.compile``'d code of fixed
-    shape (see ``forward_padded``): the K/V tensors get ``max(WIDTHS) − 1`` spare slots
+    shape (see ``forward_compiled``): the K/V tensors get ``max(WIDTHS) − 1`` spare slots
     after ``max_len`` for a padded tail, and each input width is compiled once, when the
     cache is made.
+
+    ``holder``: whoever last took this cache for its own use (an opaque token). A shared
+    compiled cache (``shared_static_cache``) serves every ``ModelDrafter`` of its model; a
+    drafter that finds another's token there knows its K/V were overwritten.
     """
 
     def __init__(self, model: torch.nn.Module, max_len: int, *, compile: bool = False,
@@ -180,36 +197,59 @@ class StaticKV:
         if max_len < 1:
             raise ValueError(f"max_len={max_len}: a static cache needs room for at least one position.")
         self.widths = tuple(sorted(widths)) if compile else None
-        slots = max_len + (self.widths[-1] - 1 if compile else 0)  # a padded tail may run past max_len
+        # A padded tail may run past max_len; and at least 3 slots, where the self-check can see a misplaced write.
+        slots = max(max_len + (self.widths[-1] - 1 if compile else 0), 3)
         self.cache = StaticCache(config=model.config, max_cache_len=slots)
-        # Every layer stores all positions (see the module docstring: a sliding layer's
+        # Every layer stores all positions (see the version notes: a sliding layer's
         # ring buffer could not be rolled back); the model's mask still applies the window.
-        self.cache.layers = [StaticLayer(max_cache_len=slots) if getattr(layer, "is_sliding", False) else layer
+        static_layer = _cache_class("StaticLayer")
+        self.cache.layers = [static_layer(max_cache_len=slots) if getattr(layer, "is_sliding", False) else layer
                              for layer in self.cache.layers]
-        unsupported = {type(layer).__name__ for layer in self.cache.layers if not isinstance(layer, StaticLayer)}
+        unsupported = {type(layer).__name__ for layer in self.cache.layers if not isinstance(layer, static_layer)}
         if unsupported:
             raise ValueError(f"a static cache supports attention layers only, this model also has {sorted(unsupported)}: "
-                             "use static_cache=False.")
-        self.max_len, self.length, self.device = max_len, 0, model.device
+                             "use compile=False.")
+        self.max_len, self.length, self.device, self.holder = max_len, 0, model.device, None
         # Looked up once, here: inside a compiled step, plain attributes are free to read.
         self.keyword = _cache_keyword(type(model).forward)
         self.takes_cache_position = _takes_cache_position(type(model).forward)  # 4.x writes static K/V there
+        self.position_limit = max_positions(model)  # padded slots must not ask for positions past it
         self.compile_options = full_compile_options(model.device, compile_options)
-        self._steps: dict[tuple, Callable] = {}  # (id(model), width) -> its compiled forward_at
-        self._allocate(model)
+        self._steps: dict[tuple, Callable] = {}  # (id(model), width) -> its compiled forward_at_positions
+        self._allocate_and_check(model)
         if compile:
             self._compile_every_width(model)
 
     @torch.no_grad()
-    def _allocate(self, model: torch.nn.Module) -> None:
-        """Allocate every layer's K/V now, with one eager forward, and forget it.
+    def _allocate_and_check(self, model: torch.nn.Module) -> None:
+        """Allocate every layer's K/V with eager forwards, and check that a write after a rollback lands
+        where the host says; then forget both.
 
-        Transformers allocates a static layer at its first write and only then marks the
-        tensors as static addresses (their pointers never change, which CUDA graphs need);
-        it skips the marking while compiling. So the first write must not be compiled code.
+        Allocate: transformers allocates a static layer at its first write and only then marks the
+        tensors as static addresses (their pointers never change, which CUDA graphs need); it skips
+        the marking while compiling. So the first write must not be compiled code.
+
+        Check: write two tokens, roll back one (a rejected draft), write a marker token. Its K/V must
+        land in slot 1, where ``length`` says. A release whose static layers write at their own counter,
+        which neither ``cache_position`` nor a counter we can set moves (or a wrapped model whose
+        ``forward(**kwargs)`` hides both from our probes), puts it in slot 2: the rejected token
+        would stay visible and tokens would come out wrong, with no error. So we compare K/V slots
+        (not logits, which bf16 and CUDA graphs perturb) and raise instead.
         """
-        forward_at(model, torch.zeros(1, 1, dtype=torch.long, device=self.device), self, self.reserve(1))
-        self.rollback(1)
+        ids, slots = torch.zeros(1, 2, dtype=torch.long, device=self.device), torch.arange(3, device=self.device)
+        forward_at_positions(model, ids, self, slots[:2])  # two tokens, at 0 and 1
+        before = [layer.keys[:, :, :3].clone() for layer in self.cache.layers]  # [batch, heads, 3 slots, head_dim]
+        forward_at_positions(model, ids[:, :1] + 1, self, slots[1:2])  # one rolled back: the marker goes to 1
+        changed = [slot for slot in range(3)
+                   if any(bool((layer.keys[:, :, slot] != old[:, :, slot]).any())
+                          for layer, old in zip(self.cache.layers, before))]
+        if changed != [1]:
+            raise _unsupported(
+                f"after a rollback, {type(model).__name__}'s static cache wrote a token's K/V into slot(s) {changed} "
+                "instead of slot 1, where the cache's length says (the forward takes no cache_position, and the "
+                "layers have no write counter we can set), so rejected drafts would stay visible and the output "
+                "would be wrong", ", or run without a static cache (compile=False)"
+            )
 
     @torch.no_grad()
     def _compile_every_width(self, model: torch.nn.Module) -> None:
@@ -217,26 +257,33 @@ class StaticKV:
         then includes compiling (``speculative_generate`` makes its caches before it starts the clock)."""
         for width in self.widths:
             n = min(width, self.max_len)  # a cache shorter than a width still runs it: the padded tail has spare slots
-            self.compiled_step(model, width)(model, torch.zeros(1, width, dtype=torch.long, device=self.device), self,
-                                             self.reserve(n, width))
+            self.write(self.compiled_step(model, width), model, torch.zeros(1, width, dtype=torch.long, device=self.device), n)
             self.rollback(n)
 
-    def reserve(self, n: int, width: int | None = None) -> torch.Tensor:
-        """The next ``width`` (default ``n``) positions ``[width]`` on the model's device; the cache now
-        counts only the first ``n`` (a padded tail's slots stay free: the next write goes over them)."""
+    def write(self, step: Callable, model: torch.nn.Module, input_ids: torch.Tensor, n: int, **kwargs):
+        """``step(model, input_ids [1, w], self, positions [w], **kwargs)`` at the next w positions (w = the input's
+        width; ``step`` is ``forward_at_positions`` or its compiled copy), then count the first ``n`` of them.
+
+        Counted only once the forward has returned: one that raised leaves ``length`` as it was. A padded
+        tail (w > n) is not counted: the next write goes over its slots.
+        """
         if self.length + n > self.max_len:
             raise ValueError(
                 f"the static cache holds {self.max_len} positions but needs {self.length + n}: pass a larger "
-                "max_cache_len (at least prompt length + max_new_tokens + gamma), or use static_cache=False."
+                "max_cache_len (at least prompt length + max_new_tokens + gamma), or use compile=False."
             )
-        positions = torch.arange(self.length, self.length + (width or n), device=self.device)
+        positions = torch.arange(self.length, self.length + input_ids.shape[-1], device=self.device)
+        out = step(model, input_ids, self, positions, **kwargs)
         self.length += n
-        return positions
+        return out
 
     def rollback(self, n_remove: int) -> None:
         """Forget the last ``n_remove`` positions: later writes go over them (no device work: the next
         forward tells the layers where to write)."""
-        self.length -= min(n_remove, self.length)
+        if not 0 <= n_remove <= self.length:
+            raise ValueError(f"cannot roll back {n_remove} positions: the static cache holds {self.length}. Remove "
+                             "between 0 and kv.cache_length(cache) positions (the caller's count of what it fed is off).")
+        self.length -= n_remove
 
     def counters(self) -> list[torch.Tensor]:
         """The layers' own write counters (transformers 5.10+; none before): 0-d device tensors."""
@@ -244,16 +291,17 @@ class StaticKV:
                 if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor)]
 
     def compiled_step(self, model: torch.nn.Module, width: int) -> Callable:
-        """``forward_at`` compiled for ``model`` and inputs ``[1, width]`` (at its first call, then reused).
+        """``forward_at_positions`` compiled for ``model`` and inputs ``[1, width]`` (at its first call, then reused).
 
-        Each width gets its own copy of ``forward_at``'s code: dynamo keeps compilations per
+        Each width gets its own copy of ``forward_at_positions``'s code: dynamo keeps compilations per
         code object and would count a second width of the same code as a *re*compilation (and
         stop after ``recompile_limit`` of them). One copy per width compiles each exactly once.
         """
         key = (id(model), width)
         if key not in self._steps:
-            code = forward_at.__code__.replace()  # the same code, a new object
-            self._steps[key] = torch.compile(types.FunctionType(code, forward_at.__globals__), **self.compile_options)
+            code = forward_at_positions.__code__.replace()  # the same code, a new object
+            self._steps[key] = torch.compile(types.FunctionType(code, forward_at_positions.__globals__),
+                                             **self.compile_options)
         return self._steps[key]
 
 
@@ -277,8 +325,9 @@ def new_static_cache(model: torch.nn.Module, max_len: int, compile: bool = False
                      compile_options: dict | None = None) -> StaticKV:
     """An empty static KV cache for ``model`` with room for ``max_len`` positions.
 
-    ``compile=True``: ``forward`` then runs every input through ``torch.compile``'d code of a
-    few fixed widths (see ``forward_padded``). ``compile_options`` go to ``torch.compile``
+    ``compile=True``: ``forward_cached`` then runs every input through ``torch.compile``'d code of a
+    few fixed widths (see ``forward_compiled``); without it, the same code runs eagerly (what tests of
+    where K/V are written use: no compiling). ``compile_options`` go to ``torch.compile``
     over the defaults of ``full_compile_options`` (on CUDA: CUDA graphs), e.g. ``{"mode": "default"}``
     (no CUDA graphs) or, in tests, ``{"backend": "aot_eager"}``. Compiled code is specialised to this cache
     (its ``max_len`` is a shape): keep the cache and reuse it for the next prompt, or use
@@ -287,45 +336,60 @@ def new_static_cache(model: torch.nn.Module, max_len: int, compile: bool = False
     return StaticKV(model, max_len, compile=compile, compile_options=compile_options)
 
 
-def forward_at(model: torch.nn.Module, input_ids: torch.Tensor, static: StaticKV, positions: torch.Tensor, **kwargs):
-    """Run ``model`` (the one ``static`` was made for) on ``input_ids`` ``[1, n]`` at ``positions`` ``[n]``
-    (from ``static.reserve``). Only tensor work: this is the code that ``compiled_step`` compiles.
+def forward_at_positions(model: torch.nn.Module, input_ids: torch.Tensor, static: StaticKV, positions: torch.Tensor,
+                         **kwargs):
+    """Run ``model`` (the one ``static`` was made for) on ``input_ids`` ``[1, w]``, writing their K/V into
+    ``static``'s slots ``positions`` ``[w]`` (from ``static.write``). Only tensor work: this is the code
+    that ``compiled_step`` compiles.
 
     Where K/V are written follows ``positions``, whatever the transformers version: 4.x and
     5.0–5.9 take them as ``cache_position``; 5.10+ write at each layer's own counter, which
     we first point at ``positions[0]`` (in place: its address is static for CUDA graphs).
     So the counters never need to be moved back on a rollback.
+
+    The model reads each token's position from ``position_ids``, kept below the model's position
+    limit: a padded tail (``forward_compiled``) near the limit would otherwise ask a GPT-2-style
+    model for a position embedding it lacks (an IndexError on the CPU, a device-side assert that
+    kills the process on CUDA). Only padded slots are ever clamped (callers keep real tokens within
+    the limit), and they still get their own slots past the real ones, so the padding's K/V (computed
+    at the clamped position) land where the cache does not count them, never over a real token's.
     """
     for counter in static.counters():
         counter.copy_(positions[0])
     if static.takes_cache_position:
         kwargs["cache_position"] = positions
-    return model(input_ids=input_ids, position_ids=positions[None], use_cache=True, **{static.keyword: static.cache}, **kwargs)
+    position_ids = positions if static.position_limit is None else positions.clamp(max=static.position_limit - 1)
+    return model(input_ids=input_ids, position_ids=position_ids[None], use_cache=True, **{static.keyword: static.cache},
+                 **kwargs)
 
 
 @torch.no_grad()
-def forward_padded(model: torch.nn.Module, input_ids: torch.Tensor, static: StaticKV, logits_to_keep: int = 0):
-    """``forward`` for a compiled cache: ``input_ids`` ``[1, n]``, any n, through fixed-shape compiled code.
+def forward_compiled(model: torch.nn.Module, input_ids: torch.Tensor, static: StaticKV, logits_to_keep: int = 0):
+    """``forward_cached`` for a compiled cache: ``input_ids`` ``[1, n]``, any n, through fixed-shape compiled code.
 
     Each chunk of at most ``max(WIDTHS)`` tokens is padded (with id 0) up to the next width
     and run at the positions after the cache's end, real tokens first. The padding cannot
     change the real rows: causal attention never looks ahead, and the padded K/V are
-    written *after* the real ones, where the cache does not count them (``reserve``): the
-    mask hides them and the next write goes over them. The caller gets the real rows only,
-    copied: a CUDA-graph replay overwrites its outputs at the next call.
+    written *after* the real ones, where the cache does not count them (``StaticKV.write``):
+    the mask hides them and the next write goes over them.
 
-    The head runs on every row of the width (one compiled program per width, not two);
-    ``logits_to_keep=k`` then keeps the last k real rows (0: all), as in transformers.
+    The head runs on every row of the width (one compiled program per width, not two), but
+    only the rows the caller keeps are copied out (a CUDA-graph replay overwrites its outputs
+    at the next call): ``logits_to_keep=k`` keeps the last k real rows (0: all), as in
+    transformers. A prefill that keeps 1 row so holds one row of logits, not one per prompt token.
     """
-    pieces = []
+    first_kept = 0 if logits_to_keep == 0 else input_ids.shape[1] - logits_to_keep  # rows before it: not copied
+    pieces, start = [], 0
     for chunk in input_ids.split(static.widths[-1], dim=1):
         n = chunk.shape[1]
         width = next(w for w in static.widths if w >= n)
         padded = torch.cat([chunk, chunk.new_zeros(1, width - n)], dim=1)  # a fresh [1, width]: same strides every call
-        out = static.compiled_step(model, width)(model, padded, static, static.reserve(n, width))
+        out = static.write(static.compiled_step(model, width), model, padded, n)
         name = "logits" if "logits" in out else "last_hidden_state"
-        pieces.append(out[name][:, :n].clone())  # copied now: the next chunk's replay of this width overwrites out
-    out[name] = torch.cat(pieces, dim=1)[:, -logits_to_keep:]
+        if start + n > first_kept:
+            pieces.append(out[name][:, max(first_kept - start, 0):n].clone())  # copied now: a replay overwrites out
+        start += n
+    out[name] = torch.cat(pieces, dim=1)
     return out
 
 
@@ -335,7 +399,7 @@ _shared: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {ro
 def shared_static_cache(model: torch.nn.Module, min_len: int, compile_options: dict | None = None,
                         role: str = "target") -> StaticKV:
     """An empty compiled static cache for ``model`` with room for ``min_len`` positions: the same
-    object at every call for this model, role (and these options), rewound.
+    object at every call for this model, role (and these options), rewound, with no holder.
 
     Why one shared cache per model: compiled code is specialised to its cache (``max_len`` is
     a shape, the cache an input), so a fresh cache per generation would compile every width
@@ -344,6 +408,8 @@ def shared_static_cache(model: torch.nn.Module, min_len: int, compile_options: d
     one generation, with two caches. The length is ``min_len`` rounded up to a power of two, at
     least 256, so that generations of similar length share one cache; a longer one replaces it
     (and compiles again, once). The store holds models weakly: it never keeps a model alive.
+    Two ``ModelDrafter``s of one model share its draft cache: each marks it as its own
+    (``StaticKV.holder``) and starts over when it finds the other's mark.
     """
     caches = _shared.setdefault(model, {})
     static, options = caches.get(role), full_compile_options(model.device, compile_options)
@@ -352,4 +418,41 @@ def shared_static_cache(model: torch.nn.Module, min_len: int, compile_options: d
                                   compile_options=compile_options)
         caches[role] = static
     static.rollback(static.length)
+    static.holder = None
     return static
+
+
+# ---- Version notes ----------------------------------------------------------------------------------
+# How transformers' cache internals changed across TESTED_TRANSFORMERS, and what this module does about each.
+#
+# - The forward keyword is ``cache=`` in transformers 5.x (``past_key_values=`` is deprecated there) and
+#   ``past_key_values=`` before; we look at the signature (``_cache_keyword``).
+# - ``DynamicCache.crop(-n)`` removes the last n positions in every version; a positive argument means "keep
+#   this many" in 4.x but raises in 5.x, so we only call ``crop(-n)``; ``crop(0)`` means "keep 0" in 4.x, so we
+#   call it only on 5.x caches, where it trims a sliding-window layer back to its window.
+# - Sliding-window layers (Mistral; and hybrid models whose ``config.layer_types`` mixes "full_attention" with
+#   "sliding_attention", e.g. Qwen2 with ``use_sliding_window``, Gemma 2/3). A cache built from the config keeps
+#   only a sliding layer's last W − 1 positions, so once the window has rolled over, a rollback would need K/V
+#   that are gone (transformers raises). Transformers' own assisted decoding, which we mirror: 5.x calls
+#   ``cache.activate_past_recording()``: a sliding layer then keeps every new position until the next ``crop``,
+#   which rolls back and trims to the window; 4.56 builds its ``DynamicCache()`` *without* the config, so every
+#   layer keeps the full sequence and the model's attention mask alone applies the window. 5.17's recording
+#   sliding layer returns everything it recorded (5.20+ only what the mask covers), so two forwards without a
+#   crop between them (a prefill, then a verify) met a mask narrower than the keys ("The size of tensor a (20)
+#   must match the size of tensor b (11)"): where ``_full_sliding_layers`` finds that, ``new_cache`` keeps
+#   sliding layers in full, as 4.56 does. A static sliding layer is a ring buffer that cannot be rolled back past
+#   the window in any version, so ``StaticKV`` stores every layer in full (more memory, same attention).
+# - Static caches, three generations:
+#   * 4.x and 5.0–5.9 write K/V at the forward's ``cache_position`` argument (and count a layer's length as its
+#     non-zero slots, which is wrong after a rollback: we never ask);
+#   * 5.10–5.23 dropped ``cache_position``: each layer writes at its own counter ``cumulative_length`` (a device
+#     tensor) and has no ``crop`` to move it back, so after a few rollbacks writes marched past the end
+#     (``index_copy_(): index 96 is out of bounds``) after tokens had already come out wrong;
+#   * 5.24+ keep the counter and give the layer ``crop(-n)``.
+#   ``forward_at_positions`` makes all three write where the host says: it passes the positions as
+#   ``cache_position`` where the forward takes them, and otherwise first sets every layer's counter to the first
+#   position (in place, inside the same compiled program). A rollback then touches nothing on the device, and
+#   none of it waits for the device. A release (or a wrapped model) that defeats both is caught when a
+#   ``StaticKV`` is made (``_allocate_and_check``).
+# - The private classes ``DynamicSlidingWindowLayer``, ``DynamicLayer`` and ``StaticLayer`` are looked up when a
+#   cache first needs them (``_cache_class``), never at import.

@@ -192,12 +192,6 @@ class RoundRecorder:
         self.length = prompt_length  # prompt + output: the positions the target must be able to read
         self.max_new_tokens, self.eos, self.max_pos, self.clock = max_new_tokens, eos, max_pos, clock
 
-    @property
-    def room(self) -> int:
-        """How many more tokens this row may emit (within max_new_tokens and the position limit)."""
-        room = self.max_new_tokens - len(self.tokens)
-        return room if self.max_pos is None else min(room, self.max_pos - self.length)
-
     def add(self, drafts: list[int], n: int, next_token: int, phases: dict[str, float]) -> list[int]:
         """Emit the round's accepted drafts ``drafts[:n]`` and the target's ``next_token``, up to an EOS.
 

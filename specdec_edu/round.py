@@ -23,7 +23,6 @@ from typing import Protocol
 
 import torch
 
-from .models.shapes import max_positions  # noqa: F401  (drafters.py imports it from here; it lives in models/shapes.py)
 from .result import PhaseClock, RoundRecorder
 from .sampling import GenerationConfig
 from .verify import greedy_verify, verify_drafts
@@ -75,10 +74,39 @@ def speculative_round(loop: Loop, gamma_round: int, config: GenerationConfig, ac
     return drafts, n, next_token, phases
 
 
-def round_gamma(gamma: int, rows: list[RoundRecorder]) -> int:
-    """The round's γ: at most ``gamma``, and small enough that no row still generating passes its
-    ``max_new_tokens`` or the position limit (a round adds up to γ + 1 tokens; 0 = the target alone)."""
-    return max(0, min(gamma, min(row.room for row in rows) - 1))
+def round_gamma(gamma: int, rows: list[RoundRecorder], draft_limit: int | None = None) -> int:
+    """The round's γ: ``gamma_within`` every row still generating (``rows``) allows, and the draft model's
+    position limit ``draft_limit`` (where the loop knows its draft model)."""
+    return min(gamma_within(gamma, row.length, new_tokens_left=row.max_new_tokens - len(row.tokens),
+                            target_limit=row.max_pos, draft_limit=draft_limit) for row in rows)
+
+
+def gamma_within(gamma: int, length: int, *, new_tokens_left: int | None = None, target_limit: int | None = None,
+                 draft_limit: int | None = None) -> int:
+    """γ cut to the limits of a sequence of ``length`` tokens: the one place where γ is cut (0: no drafts,
+    a target-only step).
+
+    - ``new_tokens_left`` (max_new_tokens minus what was emitted): a round emits up to γ + 1 tokens.
+    - ``target_limit``, the target's positions: the γ + 1 new tokens must fit after ``length``.
+    - ``draft_limit``, the draft model's positions: drafting reads the context, then the first γ − 1
+      drafts (the last one is never fed): ``length + γ − 1`` positions. Past its limit a model with
+      learned positions (GPT-2) fails with an IndexError, one with rotary positions runs where it was
+      never trained. A context it cannot read at all raises, naming the fix.
+    """
+    if draft_limit is not None and length > draft_limit:
+        raise ValueError(
+            f"the draft model reads at most {draft_limit} positions (config.max_position_embeddings / n_positions), "
+            f"but the context has {length} tokens: shorten the prompt (or lower max_new_tokens), or use a draft "
+            "model with a longer context."
+        )
+    caps = [gamma]
+    if new_tokens_left is not None:
+        caps.append(new_tokens_left - 1)
+    if target_limit is not None:
+        caps.append(target_limit - length - 1)
+    if draft_limit is not None:
+        caps.append(draft_limit - length + 1)
+    return max(0, min(caps))
 
 
 def accept(rule: AcceptRule, p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor,

@@ -68,8 +68,8 @@ def test_padding_does_not_change_logits(pair):
     with torch.no_grad():
         for n_remove, keep in [(0, 0), (2, 0), (0, 1), (1, 0), (3, 1), (0, 0)]:
             chunk = next(ids)[None]
-            got = kv.forward(target, chunk, compiled, logits_to_keep=keep).logits
-            want = kv.forward(target, chunk, eager, logits_to_keep=keep).logits
+            got = kv.forward_cached(target, chunk, compiled, logits_to_keep=keep).logits
+            want = kv.forward_cached(target, chunk, eager, logits_to_keep=keep).logits
             assert got.shape == want.shape
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
             kv.crop(compiled, n_remove)
@@ -170,7 +170,7 @@ def test_chunked_prefill_survives_a_step_that_reuses_its_output_buffer(pair, mon
 
     def replay_like(model, width):
         def step(model, ids, cache, positions):
-            out = kv.forward_at(model, ids, cache, positions)
+            out = kv.forward_at_positions(model, ids, cache, positions)
             buffer = buffers.setdefault(width, torch.empty_like(out.logits))
             buffer.copy_(out.logits)  # the same memory at every call of this width, as a graph replay
             out["logits"] = buffer
@@ -179,7 +179,7 @@ def test_chunked_prefill_survives_a_step_that_reuses_its_output_buffer(pair, mon
 
     monkeypatch.setattr(static, "compiled_step", replay_like)
     with torch.no_grad():
-        got = kv.forward(target, prompt, static).logits[0]
+        got = kv.forward_cached(target, prompt, static).logits[0]
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
@@ -286,7 +286,7 @@ def test_a_compiled_cache_compiles_every_width_when_it_is_made():
     assert set(static._steps) == {(id(model), w) for w in kv.WIDTHS} and kv.cache_length(static) == 0
     with torch.no_grad():
         for n in (1, 3, 12, 20):
-            kv.forward(model, torch.arange(1, n + 1)[None], static)
+            kv.forward_cached(model, torch.arange(1, n + 1)[None], static)
     assert counters["frames"]["ok"] == compiled and kv.cache_length(static) == 36
 
 
@@ -297,7 +297,7 @@ def test_a_compiled_cache_shorter_than_a_width_still_compiles_and_matches_eager(
     static, eager = kv.new_static_cache(model, 5, compile=True, compile_options=COMPILE), kv.new_cache(model)
     with torch.no_grad():
         for ids in (torch.tensor([[4, 5, 6]]), torch.tensor([[7, 8]])):
-            torch.testing.assert_close(kv.forward(model, ids, static).logits, kv.forward(model, ids, eager).logits,
+            torch.testing.assert_close(kv.forward_cached(model, ids, static).logits, kv.forward_cached(model, ids, eager).logits,
                                        rtol=1e-5, atol=1e-5)
         with pytest.raises(ValueError, match="max_cache_len"):
-            kv.forward(model, torch.tensor([[9]]), static)
+            kv.forward_cached(model, torch.tensor([[9]]), static)

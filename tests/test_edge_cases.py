@@ -177,8 +177,8 @@ def test_batched_runs_a_static_or_compiled_drafter_eagerly_and_says_so(target, c
     Before: they were dropped silently."""
     ids, mask = torch.stack([PROMPTS[3], PROMPTS[9]]), torch.ones(2, 5, dtype=torch.long)
     with pytest.warns(UserWarning, match="static_cache and compile"):
-        out = speculative_generate(target, ModelDrafter(close_draft, static_cache=True), ids, attention_mask=mask,
-                                   max_new_tokens=10, gamma=3)
+        drafter = ModelDrafter(close_draft, compile=True, compile_options={"backend": "aot_eager"})
+        out = speculative_generate(target, drafter, ids, attention_mask=mask, max_new_tokens=10, gamma=3)
     for i in range(2):
         assert out.row(i).tolist() == reference(target, ids[i], 10)[5:].tolist()
 

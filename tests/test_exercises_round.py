@@ -16,7 +16,7 @@ def greedy_round(target, draft, cache, context, gamma, crop=True):
         ids = torch.cat([context, torch.tensor(drafts, dtype=torch.long)])[None]
         drafts.append(int(draft(input_ids=ids, logits_to_keep=1).logits[0, -1].argmax()))
     drafts = torch.tensor(drafts)
-    choice = kv.forward(target, torch.cat([context[-1:], drafts])[None], cache).logits[0].argmax(-1)  # [γ+1]
+    choice = kv.forward_cached(target, torch.cat([context[-1:], drafts])[None], cache).logits[0].argmax(-1)  # [γ+1]
     n = 0
     while n < gamma and int(choice[n]) == int(drafts[n]):
         n += 1

@@ -17,11 +17,11 @@ def test_target_cache_after_rollback_matches_recompute(target):
     ids = torch.arange(10, 20)
     cache = kv.new_cache(target)
     with torch.no_grad():
-        kv.forward(target, ids[None, :6], cache)
-        kv.forward(target, torch.tensor([[40, 41, 42, 43]]), cache)  # 4 "draft" tokens
+        kv.forward_cached(target, ids[None, :6], cache)
+        kv.forward_cached(target, torch.tensor([[40, 41, 42, 43]]), cache)  # 4 "draft" tokens
         kv.crop(cache, 3)  # three rejected
         assert kv.cache_length(cache) == 7
-        logits = kv.forward(target, torch.tensor([[44, 45]]), cache).logits[0, -1]
+        logits = kv.forward_cached(target, torch.tensor([[44, 45]]), cache).logits[0, -1]
     expected = full_logits(target, torch.cat([ids[:6], torch.tensor([40, 44, 45])]))
     torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5)
 
@@ -29,7 +29,7 @@ def test_target_cache_after_rollback_matches_recompute(target):
 def test_crop_zero_is_a_no_op(target):
     cache = kv.new_cache(target)
     with torch.no_grad():
-        kv.forward(target, torch.tensor([[1, 2, 3]]), cache)
+        kv.forward_cached(target, torch.tensor([[1, 2, 3]]), cache)
     kv.crop(cache, 0)
     assert kv.cache_length(cache) == 3
 
@@ -55,7 +55,8 @@ def assert_q_is_the_draft_model(drafter, draft, context, tokens, q, to_probs):
 
 DRAFTERS = {
     "dynamic": lambda model: ModelDrafter(model),
-    "static": lambda model: ModelDrafter(model, static_cache=True, max_cache_len=64),
+    # the static cache, compiled (aot_eager: graph capture without code generation, as in test_compiled.py)
+    "compiled": lambda model: ModelDrafter(model, compile=True, compile_options={"backend": "aot_eager"}),
 }
 
 

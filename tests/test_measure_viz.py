@@ -17,15 +17,15 @@ class CharTokenizer:
 
 @pytest.fixture
 def forward_calls(monkeypatch):
-    """(tokens fed, cache length before) of every ``kv.forward`` the measuring helpers make."""
+    """(tokens fed, cache length before) of every ``kv.forward_cached`` the measuring helpers make."""
     calls = []
-    real_forward = measure.kv.forward
+    real_forward = measure.kv.forward_cached
 
     def spy(model, input_ids, cache, **kw):
         calls.append((input_ids.shape[1], measure.kv.cache_length(cache)))
         return real_forward(model, input_ids, cache, **kw)
 
-    monkeypatch.setattr(measure.kv, "forward", spy)
+    monkeypatch.setattr(measure.kv, "forward_cached", spy)
     return calls
 
 

@@ -62,13 +62,13 @@ def test_rollback_past_the_window_matches_recompute(pair, make_cache):
     ids = torch.arange(1, 17)
     cache = make_cache(target)
     with torch.no_grad():
-        kv.forward(target, ids[None], cache)
-        kv.forward(target, torch.tensor([[40, 41, 42, 43]]), cache)
+        kv.forward_cached(target, ids[None], cache)
+        kv.forward_cached(target, torch.tensor([[40, 41, 42, 43]]), cache)
         kv.crop(cache, 3)
         assert kv.cache_length(cache) == 17
-        logits = kv.forward(target, torch.tensor([[44, 45]]), cache).logits[0]
+        logits = kv.forward_cached(target, torch.tensor([[44, 45]]), cache).logits[0]
         kv.crop(cache, 0)  # on transformers 5.x this trims sliding layers back to the window: still the same state
-        again = kv.forward(target, torch.tensor([[46]]), cache).logits[0, -1]
+        again = kv.forward_cached(target, torch.tensor([[46]]), cache).logits[0, -1]
         context = torch.cat([ids, torch.tensor([40, 44, 45])])
         expected = target(context[None]).logits[0, -2:]
         expected_again = target(torch.cat([context, torch.tensor([46])])[None]).logits[0, -1]
@@ -82,7 +82,8 @@ def test_greedy_speculative_equals_generate(pair, gamma):
     prompt = torch.arange(3, 3 + 20)[None] % 64  # 20 tokens: longer than the window
     ref = target.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=40, do_sample=False, pad_token_id=0)
     ref = ref[0, prompt.shape[1]:].tolist()
-    for draft in (close_draft, ModelDrafter(unrelated_draft, static_cache=True, max_cache_len=96)):
+    for draft in (close_draft, ModelDrafter(unrelated_draft, max_cache_len=96, compile=True,
+                                            compile_options={"backend": "aot_eager"})):
         out = speculative_generate(target, draft, prompt, max_new_tokens=40, gamma=gamma)
         assert out.sequences[0, out.prompt_length:].tolist() == ref
 

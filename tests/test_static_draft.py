@@ -1,4 +1,5 @@
-"""The draft model with a static KV cache, and with its forwards compiled (see also test_compiled.py).
+"""The draft model with a static KV cache and its forwards compiled (see also test_compiled.py), and the
+static cache's own rollback, run eagerly (``kv.new_static_cache``: the code that gets compiled).
 
 ``torch.compile`` runs here with ``backend="aot_eager"`` (graph capture by dynamo and
 AOTAutograd, no code generation): inductor's C++ compilation would take minutes on a CPU,
@@ -9,7 +10,7 @@ the backend.
 import pytest
 import torch
 
-from specdec_edu import ModelDrafter, kv, logits_to_probs, speculative_generate
+from specdec_edu import ModelDrafter, kv, speculative_generate
 
 PROMPT = torch.tensor([[7, 8, 9, 10, 11]])
 COMPILE = {"backend": "aot_eager"}
@@ -29,11 +30,11 @@ def test_static_cache_rollback_matches_recompute(target):
     """Feed 6, feed 4 drafts, roll back 3, feed 2: the logits equal a from-scratch pass (stale slots are masked)."""
     cache = kv.new_static_cache(target, 32)
     with torch.no_grad():
-        kv.forward(target, torch.arange(10, 16)[None], cache)
-        kv.forward(target, torch.tensor([[40, 41, 42, 43]]), cache)
+        kv.forward_cached(target, torch.arange(10, 16)[None], cache)
+        kv.forward_cached(target, torch.tensor([[40, 41, 42, 43]]), cache)
         kv.crop(cache, 3)
         assert kv.cache_length(cache) == 7
-        logits = kv.forward(target, torch.tensor([[44, 45]]), cache).logits[0, -1]
+        logits = kv.forward_cached(target, torch.tensor([[44, 45]]), cache).logits[0, -1]
         expected = target(torch.tensor([[10, 11, 12, 13, 14, 15, 40, 44, 45]])).logits[0, -1]
     torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5)
 
@@ -43,8 +44,9 @@ def test_greedy_output_is_the_targets_with_every_cache(target, close_draft, gamm
     ref = reference(target, PROMPT, 30)
     drafters = {
         "dynamic": ModelDrafter(close_draft),
-        "static": ModelDrafter(close_draft, static_cache=True, max_cache_len=64),
-        "static, reduced head": ModelDrafter(close_draft, head_size=32, static_cache=True, max_cache_len=64),
+        "compiled": ModelDrafter(close_draft, max_cache_len=64, compile=True, compile_options=COMPILE),
+        "compiled, reduced head": ModelDrafter(close_draft, head_size=32, max_cache_len=64, compile=True,
+                                               compile_options=COMPILE),
     }
     for name, drafter in drafters.items():
         for _ in range(2):  # a second generation reuses the (rewound) static cache
@@ -54,7 +56,7 @@ def test_greedy_output_is_the_targets_with_every_cache(target, close_draft, gamm
 def test_static_cache_samples_what_the_dynamic_cache_samples(target, draft):
     """Sampling with the same seed: the same q (up to float rounding) gives the same tokens."""
     outs = []
-    for drafter in (ModelDrafter(draft), ModelDrafter(draft, static_cache=True, max_cache_len=96)):
+    for drafter in (ModelDrafter(draft), ModelDrafter(draft, max_cache_len=96, compile=True, compile_options=COMPILE)):
         gen = torch.Generator().manual_seed(7)
         out = speculative_generate(target, drafter, PROMPT, max_new_tokens=40, gamma=4, do_sample=True, generator=gen)
         outs.append(new_tokens(out))
@@ -74,11 +76,16 @@ def test_compiled_step_is_exact_and_compiles_once(target, close_draft):
     assert new_tokens(second) == reference(target, other, 20)
 
 
-def test_static_cache_errors_name_the_fix(close_draft, generator):
-    to_probs = lambda logits: logits_to_probs(logits, temperature=1.0)
-    drafter = ModelDrafter(close_draft, static_cache=True, max_cache_len=8)
-    drafter.propose(torch.arange(5), 4, to_probs, generator)  # 5 + 3 fed drafts = 8 positions: fits
-    with pytest.raises(ValueError, match="max_cache_len"):
-        drafter.propose(torch.arange(7), 4, to_probs, generator)  # 7 + 3 > 8
-    with pytest.raises(ValueError, match="static_cache=True"):
-        ModelDrafter(close_draft, compile=True)
+def test_static_cache_errors_name_the_fix(close_draft):
+    """A full static cache refuses a write, naming max_cache_len, and counts nothing; a static cache without
+    compiling is not a ModelDrafter option (no lesson used it), and says what to pass instead."""
+    cache = kv.new_static_cache(close_draft, 8)
+    with torch.no_grad():
+        kv.forward_cached(close_draft, torch.arange(5)[None], cache)
+        kv.forward_cached(close_draft, torch.arange(3)[None], cache)  # 8 positions: fits
+        kv.crop(cache, 1)
+        with pytest.raises(ValueError, match="max_cache_len"):
+            kv.forward_cached(close_draft, torch.arange(2)[None], cache)  # 9 > 8
+    assert kv.cache_length(cache) == 7
+    with pytest.raises(ValueError, match="static_cache=True needs compile=True"):
+        ModelDrafter(close_draft, static_cache=True)

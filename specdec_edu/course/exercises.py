@@ -85,7 +85,7 @@ def check_speculative_round(round_fn, target, draft, prompt_ids, *, gamma: int =
     reference = autoregressive_generate(target, prompt, max_new_tokens=max_new_tokens).row(0).tolist()
     cache, context, new, wrong_cache, rounds = kv.new_cache(target), prompt, [], None, 0
     if len(prompt) > 1:
-        kv.forward(target, prompt[None, :-1], cache)  # prefill: the cache holds all but the last token
+        kv.forward_cached(target, prompt[None, :-1], cache)  # prefill: the cache holds all but the last token
     while len(new) < max_new_tokens:
         emitted, rounds = round_fn(target, draft, cache, context.clone(), gamma), rounds + 1
         if emitted is NotImplemented:

@@ -115,11 +115,11 @@ def _appending_forward(model, context_length: int, max_new: int, compile: bool, 
     context = torch.randint(0, vocab, (1, context_length), generator=gen).to(model.device)
     new = torch.randint(0, vocab, (1, max_new), generator=gen).to(model.device)
     cache = kv.shared_static_cache(model, context_length + max_new, compile_options) if compile else kv.new_cache(model)
-    kv.forward(model, context, cache, logits_to_keep=1)
+    kv.forward_cached(model, context, cache, logits_to_keep=1)
 
     @torch.no_grad()
     def forward(n: int) -> None:
-        kv.forward(model, new[:, :n], cache)  # all n positions' logits, as a verify pass needs
+        kv.forward_cached(model, new[:, :n], cache)  # all n positions' logits, as a verify pass needs
         kv.crop(cache, n)
 
     return forward

@@ -348,7 +348,7 @@ class EagleNet(nn.Module):
         x = self.fc(torch.cat([features, embeds], -1))
         if cache is None:  # training: whole sequences, causal mask, no cache
             return self.decoder(inputs_embeds=x, use_cache=False).last_hidden_state
-        return kv.forward(self.decoder, None, cache, inputs_embeds=x).last_hidden_state  # input_ids=None: we pass embeddings
+        return kv.forward_cached(self.decoder, None, cache, inputs_embeds=x).last_hidden_state  # input_ids=None: embeddings
 
 
 class EagleDrafter(FeatureDrafter):

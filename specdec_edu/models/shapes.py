@@ -3,7 +3,7 @@
 ``head_rows``: how many token ids can its output head produce? A draft must produce no id the
 target lacks (``generate.as_drafter`` checks it), and every q is padded to the target's rows.
 ``max_positions``: how many positions can it read? Generation stops there (``result.stop_reason``),
-and a draft's γ is cut so that it never reads past its own limit (``drafters.gamma_within_positions``).
+and a draft's γ is cut so that it never reads past its own limit (``round.gamma_within``).
 """
 
 from __future__ import annotations

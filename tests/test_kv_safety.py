@@ -1,0 +1,256 @@
+"""Cache states that used to be silently wrong, made loud or impossible (issue 25), one test per failure mode.
+
+Compiled caches run with ``backend="aot_eager"`` as in ``test_compiled.py``. Where a test needs only the compiled
+path's bookkeeping (chunks, padding, copies), an eager ``StaticKV`` poses as a compiled one: its ``compiled_step``
+returns the eager ``forward_at_positions``, the code that would be compiled, so nothing compiles.
+"""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from conftest import tiny_llama
+from test_kv_and_drafters import assert_q_is_the_draft_model
+from torch.overrides import TorchFunctionMode
+
+from specdec_edu import ModelDrafter, PromptLookupDrafter, autoregressive_generate, kv, logits_to_probs, speculative_generate
+
+COMPILE = {"backend": "aot_eager"}
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def posing_as_compiled(static: kv.StaticKV, monkeypatch, step=None) -> kv.StaticKV:
+    """``static`` (eager) runs ``forward_compiled``'s chunks and padding, with ``step`` (default: the eager
+    ``forward_at_positions``) in place of each width's compiled code."""
+    static.widths = kv.WIDTHS
+    monkeypatch.setattr(static, "compiled_step", lambda model, width: step or kv.forward_at_positions)
+    return static
+
+
+# ---- 1. a write after a rollback lands where the host says, or the cache refuses to exist -------------------------
+
+
+def test_a_cache_whose_writes_follow_the_layers_own_counter_is_refused(monkeypatch):
+    """Simulate a release (or a wrapped ``forward(**kwargs)``) that defeats both write-position probes: the forward
+    takes no ``cache_position`` and no layer counter can be set. Writes then follow the layers' own count, so after a
+    rollback the marker token's K/V land in slot 2, not 1: making the cache raises, naming the transformers version.
+    Before: the cache was made, and rejected drafts stayed visible."""
+    model = tiny_llama(seed=3)
+    kv.new_static_cache(model, 16)  # the real probes: the check passes
+    monkeypatch.setattr(kv, "_takes_cache_position", lambda forward_fn: False)
+    monkeypatch.setattr(kv.StaticKV, "counters", lambda self: [])
+    with pytest.raises(RuntimeError, match=rf"transformers {re.escape(transformers.__version__)}.*slot\(s\) \[2\]"):
+        kv.new_static_cache(model, 16)
+
+
+# ---- 2. the length follows completed forwards only; no silent clamping ------------------------------------------
+
+
+def test_rolling_back_past_the_start_raises(target):
+    static = kv.new_static_cache(target, 16)
+    with torch.no_grad():
+        kv.forward_cached(target, torch.tensor([[1, 2, 3]]), static)
+    with pytest.raises(ValueError, match="cannot roll back 4 positions: the static cache holds 3"):
+        kv.crop(static, 4)
+    assert kv.cache_length(static) == 3
+    kv.crop(static, 3)
+    assert kv.cache_length(static) == 0
+
+
+class Interrupted(Exception):
+    pass
+
+
+def interrupted(*args, **kwargs):
+    raise Interrupted("the forward did not complete")
+
+
+@pytest.mark.parametrize("path", ["eager", "compiled"])
+def test_a_forward_that_raises_leaves_the_length_unchanged(monkeypatch, path):
+    """A forward interrupted mid-way (here: it raises) counts no slot, eager or through the compiled path's chunks.
+    Before: the positions were reserved (counted) before the forward ran."""
+    model = tiny_llama(seed=3)
+    static = kv.new_static_cache(model, 64)
+    with torch.no_grad():
+        kv.forward_cached(model, torch.tensor([[1, 2, 3]]), static)
+        if path == "compiled":
+            posing_as_compiled(static, monkeypatch, step=interrupted)
+        else:
+            monkeypatch.setattr(model, "forward", interrupted)
+        with pytest.raises(Interrupted):
+            kv.forward_cached(model, torch.arange(4, 24)[None], static)
+    assert kv.cache_length(static) == 3
+
+
+# ---- 3. padding never asks for a position the model lacks ------------------------------------------------------
+
+
+def gpt2(seed: int, n_positions: int):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    config = GPT2Config(vocab_size=64, n_positions=n_positions, n_embd=32, n_layer=1, n_head=2, bos_token_id=0,
+                        eos_token_id=0)
+    return GPT2LMHeadModel(config).eval().requires_grad_(False)
+
+
+def test_a_compiled_gpt2_pair_generates_up_to_its_position_limit():
+    """GPT-2 target and draft (learned positions, 48 of them), both compiled: generation runs until the sequence fills
+    all 48 positions, and the tokens are the eager target-only ones. Near the limit a verify pass (γ' + 1 tokens) and
+    the draft's catch-up feed are padded to width 8, whose tail lies past position 47. Before: an IndexError from the
+    position embedding (on CUDA, a device-side assert)."""
+    target, draft = gpt2(0, 48), gpt2(1, 48)
+    prompt = torch.arange(1, 21)[None]
+    out = speculative_generate(target, draft, prompt, max_new_tokens=40, gamma=4, compile=True, compile_options=COMPILE)
+    base = autoregressive_generate(target, prompt, max_new_tokens=40)
+    assert out.stats.compiled and out.stats.stopped_by == "max_positions" and len(out.row(0)) == 28
+    assert out.row(0).tolist() == base.row(0).tolist()
+
+
+# ---- 4. two drafters of one model share its compiled cache without losing their K/V --------------------------
+
+
+def test_two_compiled_drafters_of_one_model_take_turns_on_its_cache(draft, generator):
+    """Two compiled ModelDrafters of one model (one shared draft cache), proposing in turns on different contexts that
+    grow as the loop grows them: every q equals the draft model's, recomputed from scratch. Before: each drafter
+    reused slots that the other had overwritten (q conditioned on the other's tokens, α silently lower)."""
+    first = ModelDrafter(draft, compile=True, compile_options=COMPILE)
+    second = ModelDrafter(draft, compile=True, compile_options=COMPILE)  # the same cache, taken over
+    assert first.static is second.static
+    to_probs = lambda logits: logits_to_probs(logits, temperature=1.0)
+    contexts = {first: torch.tensor([3, 1, 4, 1, 5]), second: torch.tensor([2, 7, 1, 8, 2, 8, 1, 8])}
+    for _ in range(3):
+        for drafter in (first, second):
+            context = contexts[drafter]
+            tokens, q = drafter.propose(context, 3, to_probs, generator)
+            assert_q_is_the_draft_model(drafter, draft, context, tokens, q, to_probs)
+            contexts[drafter] = torch.cat([context, tokens.cpu()[:2], torch.tensor([9])])  # 2 accepted, then the target's
+
+
+# ---- 5. a prefill keeps only the logits a round reads ----------------------------------------------------------
+
+
+def test_the_prefill_computes_one_row_of_logits_not_one_per_prompt_token():
+    """A 40-token prompt: the target's head runs on one row in the prefill (no round reads it), not on 39.
+    Before: 39 rows of full-vocabulary logits (≈ 1 GB for 2k tokens and a 152k vocabulary)."""
+    target = tiny_llama(seed=0)  # a fresh copy: the hook stays on this one
+    rows = []
+    target.lm_head.register_forward_hook(lambda module, inputs, output: rows.append(output.shape[-2]))
+    speculative_generate(target, PromptLookupDrafter(), torch.arange(1, 41)[None], max_new_tokens=2, gamma=2)
+    assert rows[0] == 1, rows
+
+
+class CopiesOfLogits(TorchFunctionMode):
+    """Records the rows of every copy (``clone``) of a ``[..., rows, vocab]`` tensor made while it is active."""
+
+    def __init__(self, vocab: int):
+        super().__init__()
+        self.vocab, self.rows = vocab, []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is torch.Tensor.clone and out.dim() == 3 and out.shape[-1] == self.vocab:
+            self.rows.append(out.shape[1])
+        return out
+
+
+def test_the_compiled_path_copies_only_the_rows_it_keeps(monkeypatch):
+    """A 40-token prefill through the compiled path (chunks of 16, 16 and 8) keeping one row: one row is copied out.
+    Before: every chunk's full logits were copied (16 + 16 + 8 rows), then sliced."""
+    model = tiny_llama(seed=3, vocab_size=96)  # 96: no other tensor of the forward ends in the vocabulary's size
+    static = posing_as_compiled(kv.new_static_cache(model, 64), monkeypatch)
+    with torch.no_grad(), CopiesOfLogits(96) as copies:
+        out = kv.forward_cached(model, torch.arange(1, 41)[None], static, logits_to_keep=1)
+        expected = model(torch.arange(1, 41)[None]).logits[:, -1:]
+    assert copies.rows == [1]
+    torch.testing.assert_close(out.logits, expected, rtol=1e-5, atol=1e-5)
+
+
+# ---- 6. no private transformers class is needed to import the package ----------------------------------------
+
+
+PROBE_WITHOUT_PRIVATE_CLASSES = """
+import torch, transformers, transformers.cache_utils as cache_utils
+sliding = cache_utils.DynamicSlidingWindowLayer
+del cache_utils.DynamicSlidingWindowLayer, cache_utils.StaticLayer  # as if a release had renamed them
+import specdec_edu
+from specdec_edu import kv
+from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
+shape = dict(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+             num_key_value_heads=1)
+llama = LlamaForCausalLM(LlamaConfig(**shape)).eval()
+cache = kv.new_cache(llama)  # a model without sliding layers never needs them
+kv.forward_cached(llama, torch.tensor([[1, 2, 3]]), cache)
+assert kv.cache_length(cache) == 3
+try:
+    kv._full_sliding_layers()
+    raise SystemExit("no error")
+except RuntimeError as error:
+    print("MISSING:", error)
+if kv._RECORDS_PAST:  # 5.x: the class is back, but its API changed: a sliding-window model's cache says so
+    cache_utils.DynamicSlidingWindowLayer = sliding
+    def changed(self):
+        raise TypeError("activate_past_recording() takes a new argument")
+    sliding.activate_past_recording = changed
+    try:
+        kv.new_cache(MistralForCausalLM(MistralConfig(**shape, sliding_window=4)))
+        raise SystemExit("no error")
+    except RuntimeError as error:
+        print("CHANGED:", error)
+"""
+
+
+def test_the_package_imports_without_the_private_cache_classes():
+    """In a fresh process, ``DynamicSlidingWindowLayer`` and ``StaticLayer`` removed from ``transformers.cache_utils``:
+    ``import specdec_edu`` works, a full-attention model's cache works, and the sliding-window probe raises an error
+    that names the transformers version and the tested ones (on 5.x also when the class exists but its API changed).
+    Before: ``import specdec_edu`` raised ImportError, for everyone."""
+    done = subprocess.run([sys.executable, "-c", PROBE_WITHOUT_PRIVATE_CLASSES], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    version, tested = re.escape(transformers.__version__), re.escape(", ".join(kv.TESTED_TRANSFORMERS))
+    assert re.search(rf"MISSING: transformers {version}: .*DynamicSlidingWindowLayer.*{tested}", done.stdout)
+    if kv._RECORDS_PAST:
+        assert re.search(rf"CHANGED: transformers {version}: .*sliding-window.*{tested}", done.stdout)
+
+
+# ---- 7. one list of tested transformers versions, and CI tests exactly those --------------------------------
+
+
+def test_ci_tests_exactly_the_listed_transformers_versions():
+    """``kv.TESTED_TRANSFORMERS`` is what ``.ci/run`` tests: the version its constraints file pins for the main
+    environment (step 1), the oldest one (step 2) and its version matrix (step 2b). Step 1 installs with the
+    constraints, and ``pyproject.toml`` pins no exact transformers."""
+    run = (ROOT / ".ci" / "run").read_text()
+    constraints = (ROOT / "constraints" / "ci.txt").read_text()
+    pinned = re.findall(r"^transformers==(\S+)$", constraints, re.M)
+    oldest = re.findall(r'"transformers==([\d.]+)"', run)
+    matrix = re.search(r"^for v in ([\d. ]+); do$", run, re.M).group(1).split()
+    assert sorted(pinned + oldest + matrix) == sorted(kv.TESTED_TRANSFORMERS)
+    assert pinned == [kv.TESTED_TRANSFORMERS[-1]] and oldest == [kv.TESTED_TRANSFORMERS[0]]
+    assert re.search(r"^python3 -m venv \.venv && \.venv/bin/pip install -q -c constraints/ci\.txt ", run, re.M)
+    assert "transformers==" not in (ROOT / "pyproject.toml").read_text()
+
+
+# ---- γ is cut in one place --------------------------------------------------------------------------------
+
+
+def test_gamma_is_cut_in_one_place():
+    """``round.gamma_within`` is the one rule: γ + 1 emitted tokens fit in max_new_tokens and the target's positions,
+    and the draft reads ``length + γ − 1`` positions; the round (``round_gamma``), a ModelDrafter and the batched
+    loop all ask it. Before: three rules (``RoundRecorder.room``, ``round_gamma``, ``gamma_within_positions``)."""
+    from specdec_edu import drafters, result
+    from specdec_edu.round import gamma_within
+
+    assert gamma_within(4, 10) == 4
+    assert gamma_within(4, 10, new_tokens_left=3) == 2  # 2 drafts + 1 target token = the 3 left
+    assert gamma_within(4, 10, target_limit=13) == 2  # 10 + 3 tokens fill 13 positions
+    assert gamma_within(4, 10, draft_limit=12) == 3  # reads 10 + 2 fed drafts = 12 positions
+    assert gamma_within(4, 10, new_tokens_left=1, target_limit=100) == 0  # one token left: the target's
+    with pytest.raises(ValueError, match=r"draft model reads at most 9 positions .* 10 tokens"):
+        gamma_within(4, 10, draft_limit=9)
+    assert not hasattr(result.RoundRecorder, "room") and not hasattr(drafters, "gamma_within_positions")
