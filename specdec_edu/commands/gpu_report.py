@@ -49,23 +49,26 @@ class ReportSettings:
     gamma: int = 4
     repeats: int = 2
     prompts: tuple[str, ...] = CHAT_PROMPTS
-    bandwidth_bytes: int = 2**30  # the read-bandwidth buffer: 1 GiB (≥ 1 GiB on a GPU so a reduction outlasts its launch)
+    bandwidth_bytes: int | None = None  # the read-bandwidth buffer (default: see step_costs)
 
     @classmethod
     def quick(cls) -> ReportSettings:
-        return cls(max_new_tokens=16, gamma=4, repeats=1, prompts=CHAT_PROMPTS[:1], bandwidth_bytes=2**24)
+        return cls(max_new_tokens=16, gamma=4, repeats=1, prompts=CHAT_PROMPTS[:1])
 
 
-def step_costs(target, draft, gamma: int, compiled: bool, bandwidth_bytes: int = 2**28, repeats: int = 5) -> dict:
+def step_costs(target, draft, gamma: int, compiled: bool, bandwidth_bytes: int | None = None, repeats: int = 5) -> dict:
     """What one decoding step costs here, on the path in use (``compiled``): seconds and ratios.
 
     Returns ``read_bandwidth`` (bytes/s, ``torch.sum`` over ``bandwidth_bytes``), ``weight_bytes`` and
     ``memory_floor`` (weight bytes ÷ bandwidth: no step can be faster), ``target_step`` and ``draft_step``
     (a one-token forward, median of ``repeats``), ``c`` (their ratio) and ``verify_cost`` (a (γ + 1)-token
-    target forward ÷ a one-token one).
+    target forward ÷ a one-token one). ``bandwidth_bytes`` defaults to 1 GiB on CUDA (so that the reduction
+    outlasts its launch) and 256 MiB elsewhere (more than a CPU's caches).
     """
     from ..course.measure import forward_seconds, parameter_bytes, read_bandwidth
 
+    if bandwidth_bytes is None:
+        bandwidth_bytes = 2**30 if target.device.type == "cuda" else 2**28
     bandwidth = read_bandwidth(target.device, bandwidth_bytes)
     weight_bytes = parameter_bytes(target)
     target_step = forward_seconds(target, 1, repeats=repeats, compile=compiled)
