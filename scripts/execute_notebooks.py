@@ -39,6 +39,7 @@ from notebook_tags import skipped as skipped_tags  # noqa: E402  (one list of sk
 
 PROGRESS = re.compile(r"^\s*[^|]*(\d+%\||\d+it \[)")  # tqdm's text: "desc:  40%|████  | 2/5 [..]", no total: "desc: 0it [..]"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+ANSI = re.compile(r"\x1b\[[0-9;]*m")  # the colours of a kernel's traceback
 
 
 def is_progress_bar(output) -> bool:
@@ -116,6 +117,8 @@ def format_table(rows: list[tuple[str, float | None, str]]) -> str:
 def main(argv=None) -> int:
     args = parse_args(argv)
     os.environ["SPECDEC_EDU_QUICK"] = "1" if args.quick else "0"  # the kernels inherit it
+    # the kernels import this checkout's package, not whichever copy the environment has installed
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     out_dir = None
     if args.scratch:
         out_dir = args.out or Path(tempfile.mkdtemp(prefix="notebooks_scratch_"))
@@ -129,8 +132,9 @@ def main(argv=None) -> int:
         except Exception as exc:  # noqa: BLE001 (a failing notebook is a row of the table, not the end of the run)
             if not args.scratch:
                 raise
-            first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:120]
-            rows.append((path.name, None, f"FAIL: {first_line}"))
+            last_line = ANSI.sub("", (str(exc).strip().splitlines() or [type(exc).__name__])[-1])[:120]
+            rows.append((path.name, None, f"FAIL: {last_line}"))
+            print(f"{path.name}: FAIL: {last_line}", flush=True)
     print(format_table(rows), flush=True)
     return 0 if all(result == "pass" for _, _, result in rows) else 1
 

@@ -28,8 +28,10 @@ def test_the_table_lists_every_notebook():
 
 def test_scratch_runs_copies_and_reports_failures(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("SPECDEC_EDU_QUICK", "0")
+    monkeypatch.setenv("PYTHONPATH", "")  # main() sets both for its kernels; restored after the test
     good, bad = tmp_path / "00_good.ipynb", tmp_path / "01_bad.ipynb"
-    for path, source in [(good, "import os\nprint('quick', os.environ['SPECDEC_EDU_QUICK'])"), (bad, "1 / 0")]:
+    report = "import os\nimport specdec_edu\nprint('quick', os.environ['SPECDEC_EDU_QUICK'], specdec_edu.__file__)"
+    for path, source in [(good, report), (bad, "1 / 0")]:
         nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source)])
         nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
         nbformat.write(nb, path)
@@ -38,6 +40,7 @@ def test_scratch_runs_copies_and_reports_failures(tmp_path, capsys, monkeypatch)
     status = execute_notebooks.main([str(good), str(bad), "--scratch", "--quick", "--out", str(out)])
     assert status == 1 and good.read_text() == before  # the committed notebook is untouched
     ran = nbformat.read(out / good.name, as_version=4)
-    assert ran.cells[0].outputs[0]["text"].strip() == "quick 1"
+    quick, package = ran.cells[0].outputs[0]["text"].split()[1:]
+    assert quick == "1" and package.startswith(str(Path(execute_notebooks.ROOT)))  # this checkout's package
     table = capsys.readouterr().out
-    assert "00_good.ipynb" in table and "pass" in table and "01_bad.ipynb" in table and "FAIL" in table
+    assert "00_good.ipynb" in table and "pass" in table and "01_bad.ipynb" in table and "ZeroDivisionError" in table
