@@ -55,3 +55,15 @@ def test_the_command_is_registered():
     out = io.StringIO()
     assert gpu_report.main(build_parser().parse_args(["gpu-report", "--predict"]), out) == 0
     assert out.getvalue().strip() == predicted_table()
+
+
+@pytest.mark.embedded
+def test_the_quick_report_runs_on_the_embedded_pair(monkeypatch):
+    """What a CPU learner gets from ``python -m specdec_edu gpu-report --quick``: the embedded pair, fp32, eager."""
+    monkeypatch.delenv("SPECDEC_EDU_DTYPE", raising=False)
+    monkeypatch.delenv("SPECDEC_EDU_PAIR", raising=False)
+    out = io.StringIO()
+    assert gpu_report.main(build_parser().parse_args(["gpu-report", "--quick"]), out) == 0
+    text = out.getvalue()
+    assert "pair: embedded" in text and "dtype:  fp32" in text and "path:   eager" in text
+    assert "cold start in this process: load" in text and text.count("so this pair") == 2

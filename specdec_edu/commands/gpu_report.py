@@ -173,8 +173,8 @@ def run_report(target, draft, tokenizer, settings: ReportSettings | None = None,
     dial = ReplayDrafter(reference, noise, vocab, cost_model=draft, device=device)
     dial_speedup, dial_alpha, _ = _median_speedup(target, dial, prompts[0], settings, eos=None)
     say(f"dial drafter at α = {DIAL_ALPHA} (the real draft's cost, α set by a dial): measured {dial_speedup:.2f}× "
-        f"(α = {dial_alpha:.2f} in the run)")
-    say("  " + verdict(costs, dial_alpha, settings.gamma))
+        f"(α = {dial_alpha:.2f} in the run, by chance on {settings.max_new_tokens} tokens)")
+    say("  " + verdict(costs, dial.alpha, settings.gamma))
     return {"device": name, "dtype": str(dtype), "compiled": compiled, "first_call_seconds": first, **costs,
             "speedup_own": statistics.median(speedups), "alpha_own": alpha_own, "speedup_dial": dial_speedup,
             "alpha_dial": dial_alpha}
