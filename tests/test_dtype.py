@@ -131,3 +131,15 @@ def test_a_compiler_failure_runs_eager_and_says_why():
 
 def test_the_module_exports_the_rule():
     assert {"default_dtype", "native_bf16", "dtype_reason"} <= set(devices.__all__)
+
+
+def test_a_random_target_needs_no_download(monkeypatch):
+    """``SPECDEC_EDU_RANDOM_TARGET=1`` (a GPU machine without internet): the embedded target's shape, random weights,
+    the tokenizer from the draft's folder; nothing is fetched."""
+    monkeypatch.setenv("SPECDEC_EDU_RANDOM_TARGET", "1")
+    monkeypatch.setattr(embedded.weights, "ensure_embedded_target", lambda: pytest.fail("no download"))
+    with pytest.warns(UserWarning, match="random weights"):
+        target, draft, tok = embedded.load_embedded_pair("cpu")
+    c = target.config
+    assert (c.num_hidden_layers, c.hidden_size, c.vocab_size, target.dtype) == (30, 576, 49152, torch.float32)
+    assert len(tok) == c.vocab_size == draft.config.vocab_size and tok.chat_template

