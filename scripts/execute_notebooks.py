@@ -1,8 +1,15 @@
 #!/usr/bin/env python
-"""Re-execute course notebooks in place, the way they are committed.
+"""Re-execute course notebooks in place, the way they are committed (or, with --scratch, copies of them).
 
-    python scripts/execute_notebooks.py                       # every notebook, in order
+    python scripts/execute_notebooks.py                       # every notebook, in order, in place
     python scripts/execute_notebooks.py notebooks/05_*.ipynb  # some of them
+    python scripts/execute_notebooks.py --scratch --quick     # check they run: copies, quick settings, a table
+
+``--scratch`` writes the executed copies to a temporary folder (``--out DIR`` to keep them) and leaves the
+committed notebooks untouched; a failing notebook is reported and the next one runs. ``--quick`` runs the
+notebooks' quick settings (``SPECDEC_EDU_QUICK=1``: fewer γ values, shorter answers, as the tests do); without it
+the full settings run (``SPECDEC_EDU_QUICK=0``, what the committed outputs record). Either way a table of
+notebook, seconds and pass/fail ends the run, and the exit status is 1 if any notebook failed.
 
 Each notebook runs top to bottom in a fresh ``python3`` kernel from the ``notebooks/`` folder, with the cells
 tagged ``colab``, ``gpu`` or ``hub`` skipped (as in CI; their source stays, with no output). Then the progress
@@ -15,8 +22,10 @@ Run it on a quiet machine: several notebooks print timings, and their prose is c
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -30,6 +39,7 @@ from notebook_tags import skipped as skipped_tags  # noqa: E402  (one list of sk
 
 PROGRESS = re.compile(r"^\s*[^|]*(\d+%\||\d+it \[)")  # tqdm's text: "desc:  40%|████  | 2/5 [..]", no total: "desc: 0it [..]"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+ANSI = re.compile(r"\x1b\[[0-9;]*m")  # the colours of a kernel's traceback
 
 
 def is_progress_bar(output) -> bool:
@@ -59,7 +69,9 @@ def drop_progress_bars(nb) -> int:
     return removed
 
 
-def execute(path: Path, timeout: int) -> None:
+def execute(path: Path, timeout: int, destination: Path | None = None) -> float:
+    """Run ``path`` top to bottom in a fresh kernel (from its own folder) and write the result to ``destination``
+    (default: over ``path``); returns the seconds it took. Raises what the kernel raised."""
     nb = nbformat.read(path, as_version=4)
     skipped = {}
     for i, cell in enumerate(nb.cells):  # skip tagged cells: keep their source, run nothing
@@ -70,20 +82,61 @@ def execute(path: Path, timeout: int) -> None:
                             record_timing=False, store_widget_state=True)
     start = time.perf_counter()
     client.execute()
+    seconds = time.perf_counter() - start
     for i, source in skipped.items():
         nb.cells[i].source, nb.cells[i].outputs, nb.cells[i].execution_count = source, [], None
     bars = drop_progress_bars(nb)
-    nbformat.write(nb, path)
-    print(f"{path.name}: {time.perf_counter() - start:.0f} s, {bars} progress bars removed", flush=True)
+    nbformat.write(nb, destination or path)
+    print(f"{path.name}: {seconds:.0f} s, {bars} progress bars removed", flush=True)
+    return seconds
 
 
-def main(argv=None) -> None:
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("notebooks", nargs="*", type=Path)
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per cell")
+    ap.add_argument("--scratch", action="store_true", help="execute copies; leave the committed notebooks untouched")
+    ap.add_argument("--out", type=Path, default=None, help="with --scratch: keep the executed copies here")
+    ap.add_argument("--quick", action="store_true", help="SPECDEC_EDU_QUICK=1: the notebooks' quick settings")
     args = ap.parse_args(argv)
-    for path in args.notebooks or sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
-        execute(path.resolve(), args.timeout)
+    if args.out is not None and not args.scratch:
+        ap.error("--out needs --scratch (without it the notebooks are executed in place)")
+    args.notebooks = [p.resolve() for p in args.notebooks] or sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    return args
+
+
+def format_table(rows: list[tuple[str, float | None, str]]) -> str:
+    """``rows`` of (notebook, seconds or None, "pass" or "FAIL: why") as an aligned text table."""
+    width = max([len("notebook")] + [len(name) for name, _, _ in rows])
+    lines = [f"{'notebook':{width}s}  seconds  result"]
+    for name, seconds, result in rows:
+        lines.append(f"{name:{width}s}  {'' if seconds is None else f'{seconds:7.0f}':>7s}  {result}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    os.environ["SPECDEC_EDU_QUICK"] = "1" if args.quick else "0"  # the kernels inherit it
+    # the kernels import this checkout's package, not whichever copy the environment has installed
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    out_dir = None
+    if args.scratch:
+        out_dir = args.out or Path(tempfile.mkdtemp(prefix="notebooks_scratch_"))
+        out_dir.mkdir(parents=True, exist_ok=True)
+        print(f"scratch mode: executed copies go to {out_dir}; the committed notebooks stay as they are", flush=True)
+    rows = []
+    for path in args.notebooks:
+        try:
+            seconds = execute(path, args.timeout, out_dir / path.name if out_dir else None)
+            rows.append((path.name, seconds, "pass"))
+        except Exception as exc:  # noqa: BLE001 (a failing notebook is a row of the table, not the end of the run)
+            if not args.scratch:
+                raise
+            last_line = ANSI.sub("", (str(exc).strip().splitlines() or [type(exc).__name__])[-1])[:120]
+            rows.append((path.name, None, f"FAIL: {last_line}"))
+            print(f"{path.name}: FAIL: {last_line}", flush=True)
+    print(format_table(rows), flush=True)
+    return 0 if all(result == "pass" for _, _, result in rows) else 1
 
 
 if __name__ == "__main__":

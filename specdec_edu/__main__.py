@@ -3,6 +3,7 @@
 Commands:
     demo    watch speculative decoding on the embedded model pair, with a speed summary
     bench   measure ours against target-only and Hugging Face assisted generation (JSON, plot)
+    gpu-report  what the course will see on this device (a Colab GPU): dtype, path, cold start, c, speedups
 
 Each command lives in its own module, which provides ``add_arguments(parser)`` and
 ``main(args) -> int``; adding a command is one entry in :data:`COMMANDS`.
@@ -18,6 +19,8 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("commands.demo", "speculative vs target-only decoding on the embedded pair, with marked output"),
     "bench": ("commands.bench", "side-by-side benchmark: target-only, ours, HF assisted generation, prompt lookup"),
+    "gpu-report": ("commands.gpu_report", "what the course will see on this device: dtype, path, cold start, steps, c, "
+                   "speedups"),
 }
 
 

@@ -83,8 +83,26 @@ def as_drafter(draft, target, compile: bool = False, compile_options: dict | Non
             f"padding, cap the draft's head: ModelDrafter(draft, head_size={head_rows(target)})."
         )
     if compile:
-        return ModelDrafter(draft, max_cache_len=positions, compile=True, compile_options=compile_options)
+        return compiled_or_eager(lambda: ModelDrafter(draft, max_cache_len=positions, compile=True,
+                                                      compile_options=compile_options), lambda: ModelDrafter(draft), "draft")
     return ModelDrafter(draft)
+
+
+def compiled_or_eager(make_compiled, make_eager, role: str):
+    """``make_compiled()``; if compiling fails there (dynamo, inductor or Triton raise when a compiled cache
+    compiles its widths, e.g. Triton's bf16 below sm_80), ``make_eager()`` instead, with a one-line warning
+    naming the cause. The generation then runs that model eager: slower, same output."""
+    try:
+        return make_compiled()
+    except Exception as exc:  # noqa: BLE001 (any compiler failure: the eager path needs no compiler)
+        root = exc  # dynamo wraps the compiler's own error (BackendCompilerFailed, InductorError): name that one
+        for _ in range(8):  # a short chain; never loop on a cycle
+            root = root.__cause__ or getattr(root, "inner_exception", None) or root
+        first_line = (str(root).strip().splitlines() or [""])[0][:200]
+        via = f"{type(exc).__name__} from " if root is not exc else ""
+        warnings.warn(f"compiling the {role} failed ({via}{type(root).__name__}: {first_line}), so the {role} "
+                      "runs eager.", stacklevel=4)
+        return make_eager()
 
 
 def propose_checked(drafter, context, gamma, to_probs, generator, device, vocab_size):
@@ -156,8 +174,12 @@ def target_logits_and_features(target, ids, cache, with_features: bool, logits_t
 def target_cache(target, compile: bool, compile_options: dict | None, positions: int):
     """An empty KV cache for the target, with room for ``positions``: a ``DynamicCache`` (eager), or the
     target's shared compiled static cache (``kv.shared_static_cache``: every compiled generation reuses
-    it, so each input width compiles once, not once per prompt)."""
-    return kv.shared_static_cache(target, positions, compile_options) if compile else kv.new_cache(target)
+    it, so each input width compiles once, not once per prompt). If compiling fails, a ``DynamicCache``
+    and a warning (``compiled_or_eager``)."""
+    if not compile:
+        return kv.new_cache(target)
+    return compiled_or_eager(lambda: kv.shared_static_cache(target, positions, compile_options),
+                             lambda: kv.new_cache(target), "target")
 
 
 def compiles_by_default(device) -> bool:
@@ -322,7 +344,7 @@ def speculative_generate(
     max_pos, clock = max_positions(target), PhaseClock(prompt.device, profile)
     loop = OnePrompt(target, drafter, prompt, config, generator, cache)
     row = RoundRecorder(len(prompt), max_new_tokens=max_new_tokens, eos=config.eos, max_pos=max_pos, clock=clock)
-    row.stats.compiled = compile
+    row.stats.compiled = isinstance(cache, kv.StaticKV)  # False if compiling failed and the target runs eager
     loop.prefill()
     row.stats.prefill_seconds = clock.lap()
     while not row.stats.stopped_by:
@@ -362,7 +384,8 @@ def autoregressive_generate(
         return batched_autoregressive_generate(target, ids, mask, config, generator=generator)
     prompt = ids[0][mask[0].bool()]
     cache = target_cache(target, compile, compile_options, len(prompt) + max_new_tokens)  # compiles before the clock
-    max_pos, stats, clock = max_positions(target), GenerationStats(compiled=compile), PhaseClock(prompt.device, False)
+    stats = GenerationStats(compiled=isinstance(cache, kv.StaticKV))  # False if compiling failed
+    max_pos, clock = max_positions(target), PhaseClock(prompt.device, False)
     new: list[int] = []
     logits = kv.forward_cached(target, prompt[None], cache, logits_to_keep=1).logits[0, -1]  # prefill → first next-token logits
     while True:

@@ -16,6 +16,13 @@ from specdec_edu import compiles_by_default
 from specdec_edu.models.embedded import PAIRS, default_pair
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
+#: The concept notebooks: their lessons (the verify pass, the rule, the residual, the proof) need exactness, not a large
+#: model, so they run the embedded pair, eager, on every device; the others (speed) load the device's pair.
+CONCEPT = ("02_", "03_", "04_", "05_")
+
+
+def is_concept(path: Path) -> bool:
+    return path.name.startswith(CONCEPT)
 
 
 @pytest.fixture
@@ -59,7 +66,16 @@ def test_notebook_opens_well_on_colab(path):
     assert 'if "google.colab" in sys.modules' in install and "pip install" in install and "-e " not in install
     assert not any(pin in install for pin in ("torch==", "transformers==", "ipywidgets==")), "keep Colab's versions"
     setup = "".join(code[1]["source"])
-    assert "PAIR = default_pair()" in setup, "the setup cell must let Colab pick the hub pair"
+    if is_concept(path):
+        assert 'PAIR = "embedded"' in setup, "a concept notebook runs the embedded pair on every device"
+    else:
+        assert "PAIR = default_pair()" in setup, "the setup cell must let Colab pick the hub pair"
+    if path.name.startswith("08_"):  # notebook 08's setup is edited separately (its lines are in issue 24's notes)
+        return
+    assert "dtype_reason(" in setup and "print(" in setup, "the setup cell prints the pair's dtype and why"
+    markdown = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown"]
+    setup_note = next((m for m in markdown if m.lstrip().startswith("## Setup")), markdown[1])  # 00: its setup section
+    assert "pair" in setup_note and (not is_concept(path) or "embedded pair" in setup_note and "every device" in setup_note)
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
@@ -76,7 +92,13 @@ def test_colab_cell_says_which_path_and_can_turn_compiling_off(path, monkeypatch
     printed = []
     monkeypatch.setattr("builtins.print", lambda *args, **kwargs: printed.append(" ".join(map(str, args))))
     exec(compile(body, path.name, "exec"), {})
-    assert printed[-1].startswith("GPU: Tesla T4 · pair: smollm2 · path: compiled"), printed
+    if is_concept(path):  # the embedded pair, eager: nothing to download or compile for a lesson about exactness
+        assert printed[-1] == "GPU: Tesla T4 · pair: embedded (this lesson's pair on every device) · path: eager", printed
+        assert os.environ["SPECDEC_EDU_COMPILE"] == "0"
+        body = body.replace("    COMPILE = False\n", "    COMPILE = torch.cuda.is_available()\n")  # the switch still works
+        exec(compile(body, path.name, "exec"), {})
+    assert printed[-1].endswith("path: compiled (torch.compile + CUDA graphs; COMPILE = False for eager)"), printed
+    assert is_concept(path) or printed[-1].startswith("GPU: Tesla T4 · pair: smollm2 · path: compiled"), printed
     assert os.environ["SPECDEC_EDU_COMPILE"] == "1"
     exec(compile(body.replace("COMPILE = torch.cuda.is_available()", "COMPILE = False"), path.name, "exec"), {})
     assert printed[-1].endswith("path: eager") and os.environ["SPECDEC_EDU_COMPILE"] == "0"

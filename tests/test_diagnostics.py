@@ -62,3 +62,60 @@ def test_a_shorter_candidate_parts_where_it_stops(target, reference):
 def test_a_batch_is_a_clear_error(target, reference):
     with pytest.raises(ValueError, match="once per row"):
         first_divergence(target, PROMPT, torch.stack([reference, reference]), reference)
+
+
+# ---- check_same_output: identity in fp32, near-ties allowed in reduced precision -------------------------
+
+from conftest import tiny_llama  # noqa: E402
+
+from specdec_edu.course.diagnostics import OutputMismatch, check_same_output, logit_spread  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def bf16_case():
+    """A bf16 tiny target, its greedy output for PROMPT (24 tokens), and the top-2 margin at each position."""
+    model = tiny_llama(seed=0).to(torch.bfloat16)
+    out = autoregressive_generate(model, PROMPT, max_new_tokens=24)
+    reference = out.sequences[0, out.prompt_length:]
+    logits = model(torch.cat([PROMPT[0], reference])[None]).logits[0, PROMPT.shape[1] - 1 : -1].float()
+    return model, reference, logits.topk(2)
+
+
+def runner_up_at(reference, top2, position):
+    """The reference with its token at ``position`` replaced by the target's runner-up there."""
+    candidate = reference.clone()
+    candidate[position] = top2.indices[position, 1]
+    return candidate
+
+
+def test_fp32_requires_identity(target, reference):
+    assert check_same_output(target, PROMPT, reference, reference.clone())["identical"]
+    candidate = reference.clone()
+    candidate[4] = (reference[4] + 1) % target.config.vocab_size
+    with pytest.raises(OutputMismatch, match="float32: first divergence at new token 4"):
+        check_same_output(target, PROMPT, reference, candidate, spread=1e9)  # fp32: no tolerance, whatever the spread
+
+
+def test_reduced_precision_passes_a_near_tie_and_fails_a_large_margin(bf16_case):
+    """The same check, two divergences: at the position of the smallest top-2 margin (a flip rounding can make
+    when the spread covers it), and at the largest one (a bug: it must raise with the measured spread)."""
+    model, reference, top2 = bf16_case
+    margins = top2.values[:, 0] - top2.values[:, 1]  # [24]
+    tie, sure = int(margins.argmin()), int(margins.argmax())
+    spread = logit_spread(model, torch.cat([PROMPT[0], reference]), gamma=4)
+    assert 2 * spread < float(margins[sure]), "the large margin must be out of rounding's reach for this test"
+    report = check_same_output(model, PROMPT, reference, runner_up_at(reference, top2, tie), spread=float(margins[tie]))
+    assert not report["identical"] and report["divergence"]["position"] == tie and "near-tie" in report["message"]
+    with pytest.raises(OutputMismatch, match=f"bfloat16: first divergence at new token {sure}.*a bug"):
+        check_same_output(model, PROMPT, reference, runner_up_at(reference, top2, sure))  # spread measured here
+
+
+def test_the_spread_is_rounding(target, bf16_case):
+    """Scoring γ + 1 tokens in one forward or one at a time agrees to rounding (on this CPU even bf16 can agree
+    exactly: its kernels accumulate in fp32; a GPU's need not); too short a context is a clear error."""
+    model, reference, _ = bf16_case
+    context = torch.cat([PROMPT[0], reference])
+    fp32, bf16 = logit_spread(target, context, gamma=4), logit_spread(model, context, gamma=4)
+    assert 0 <= fp32 < 1e-4 and 0 <= bf16 < 0.5
+    with pytest.raises(ValueError, match="more than"):
+        logit_spread(target, context[:5], gamma=4)

@@ -159,3 +159,24 @@ def test_course_seed_is_the_default_unless_the_environment_overrides_it(monkeypa
     monkeypatch.setenv("SPECDEC_EDU_SEED", "one")
     with pytest.raises(ValueError, match="SPECDEC_EDU_SEED='one' is not an integer"):
         experiments.course_seed(0)
+
+
+def test_replay_drafter_pays_the_draft_the_run_would_use(target, monkeypatch):
+    """A bare cost model becomes the ModelDrafter ``speculative_generate`` would make of it: eager where the run
+    is eager (the CPU default), compiled where the run compiles (``SPECDEC_EDU_COMPILE=1``, as on a GPU), so the
+    dial's c is the real run's c. The output stays the target's either way."""
+    from conftest import tiny_llama
+
+    from specdec_edu import kv
+
+    ref = greedy_reference(target, n=12)
+    cost_model = tiny_llama(seed=3)
+    eager = ReplayDrafter(ref, 0.5, target.config.vocab_size, cost_model=cost_model)
+    assert isinstance(eager._cost, ModelDrafter) and eager._cost.static is None
+    monkeypatch.setenv("SPECDEC_EDU_COMPILE", "1")
+    compiled = ReplayDrafter(ref, 0.5, target.config.vocab_size, cost_model=cost_model,
+                             compile_options={"backend": "aot_eager"})
+    assert isinstance(compiled._cost.static, kv.StaticKV) and compiled._cost.static.widths
+    out = speculative_generate(target, compiled, PROMPT, max_new_tokens=12, gamma=4, compile=False,
+                               generator=torch.Generator().manual_seed(0))
+    assert torch.equal(out.sequences[0], ref)

@@ -9,11 +9,23 @@ tied. So a divergence is explained by looking at the target's top-2 margin at
 the first position where the outputs differ: tiny (the size of a bf16 rounding
 step) means numerics, large means a bug. (The margin comes from a third forward, over
 the whole reference at once; near a tie all three agree that it is small.)
+
+``check_same_output`` is the one comparison the notebooks use: identity in fp32, and in bf16/fp16 a
+divergence only where the target's margin is within what rounding can move (measured on this run by
+``logit_spread``).
 """
 
 from __future__ import annotations
 
 import torch
+
+from .. import kv
+
+__all__ = ["OutputMismatch", "check_same_output", "first_divergence", "logit_spread"]
+
+
+class OutputMismatch(AssertionError):
+    """Two outputs that had to be the same are not, and numerics cannot explain it."""
 
 
 def _as_1d(ids: torch.Tensor, name: str) -> torch.Tensor:
@@ -69,3 +81,72 @@ def first_divergence(target, prompt_ids, reference_new, candidate_new) -> dict |
         "top2_margin": float(top2[0] - top2[1]),
         "candidate_margin": None if candidate_token is None else float(top2[0] - logits[candidate_token]),
     }
+
+
+@torch.no_grad()
+def logit_spread(target, context_ids, gamma: int = 4) -> float:
+    """How far rounding moves the target's logits between its two ways of scoring the same tokens.
+
+    The last γ + 1 tokens of ``context_ids`` (``[n]`` or ``[1, n]``, n > γ + 1) are scored twice after the
+    same cached prefix: one token per forward (as target-only decoding does) and all γ + 1 in one forward (as
+    a verify pass does). Returns the largest absolute difference between the two ``[γ + 1, V]`` logit
+    tables, in float32: about 0 in fp32, a rounding step or more in bf16/fp16.
+    """
+    ids = _as_1d(context_ids, "context_ids").to(target.device)
+    if len(ids) <= gamma + 1:
+        raise ValueError(f"logit_spread needs more than γ + 1 = {gamma + 1} tokens of context, got {len(ids)}")
+    prefix, tail = ids[None, : -(gamma + 1)], ids[None, -(gamma + 1):]
+    one_by_one, together = kv.new_cache(target), kv.new_cache(target)
+    kv.forward(target, prefix, one_by_one)
+    kv.forward(target, prefix, together)
+    single = torch.cat([kv.forward(target, tail[:, i : i + 1], one_by_one).logits[0] for i in range(gamma + 1)])
+    verify = kv.forward(target, tail, together).logits[0]  # [γ + 1, V]
+    return float((single.float() - verify.float()).abs().max())
+
+
+def check_same_output(target, prompt_ids, reference_new, candidate_new, gamma: int = 4,
+                      spread: float | None = None) -> dict:
+    """The notebooks' check that a speculative output is the target's own (greedy decoding).
+
+    ``reference_new`` ``[n]``: the target-only output's new tokens; ``candidate_new`` ``[m]``: the speculative
+    run's, same prompt ``prompt_ids`` ``[P]`` or ``[1, P]``; ``gamma``: the run's γ.
+
+    * Identical: returns ``{"identical": True, ...}``.
+    * float32 target: any difference is a bug, because fp32 rounding is far below any real margin:
+      raises :class:`OutputMismatch` naming the first divergence.
+    * bf16/fp16 target: a verify pass scores a token in a (γ + 1)-token forward and the reference in a 1-token
+      forward; they round differently, so a near-tie can flip. The difference is accepted when the target's
+      margin between its top token and the candidate's token at the first divergence is at most twice the
+      ``spread`` (each of the two logits can move by up to the spread; default: measured now with
+      ``logit_spread`` on the reference's context), and raises otherwise.
+
+    The returned dict: ``identical``, ``dtype``, ``divergence`` (``first_divergence``'s report or ``None``),
+    ``spread`` and ``tolerance`` (``None`` when not needed) and ``message``, one line to print.
+    """
+    dtype = next(target.parameters()).dtype
+    report = {"identical": True, "dtype": dtype, "divergence": None, "spread": None, "tolerance": None,
+              "message": "identical to the target alone, token for token"}
+    divergence = first_divergence(target, prompt_ids, reference_new, candidate_new)
+    if divergence is None:
+        return report
+    report.update(identical=False, divergence=divergence)
+    where = (f"first divergence at new token {divergence['position']} ({divergence['reference_token']} → "
+             f"{divergence['candidate_token']}), where the target's top-2 margin is {divergence['top2_margin']:.3g}")
+    if dtype == torch.float32:
+        raise OutputMismatch(f"not the target's output in float32: {where}. In fp32 greedy speculative decoding "
+                             "must be identical token for token: this is a bug (in the rule, the cache or the drafter).")
+    if spread is None:
+        context = torch.cat([_as_1d(prompt_ids, "prompt_ids"), _as_1d(reference_new, "reference_new")])
+        spread = logit_spread(target, context, min(gamma, len(context) - 2))
+    margin = divergence["candidate_margin"]
+    margin = divergence["top2_margin"] if margin is None else margin  # the candidate stopped: the runner-up's margin
+    report.update(spread=spread, tolerance=2 * spread)
+    name = str(dtype).removeprefix("torch.")
+    if margin > 2 * spread:
+        raise OutputMismatch(f"not the target's output in {name}: {where}, and the candidate's token is "
+                             f"{margin:.3g} below the top one, more than {name} rounding moves a logit between a "
+                             f"1-token and a {gamma + 1}-token forward here (spread {spread:.3g}, × 2): a bug, not "
+                             "numerics.")
+    report["message"] = (f"{where}: a near-tie that {name} rounding can flip (the logits of a 1-token and a "
+                         f"{gamma + 1}-token forward differ by up to {spread:.3g} here), not a bug; identical before it")
+    return report

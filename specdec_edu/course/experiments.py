@@ -108,8 +108,11 @@ class ReplayDrafter:
 
     ``seconds_per_token`` sleeps that long per drafted token, to emulate a draft model
     of cost c = seconds_per_token / t_target. ``cost_model`` instead pays a *real* draft
-    model's cost: a model (wrapped in a :class:`ModelDrafter`) or a drafter (e.g. a compiled
-    ``ModelDrafter``) drafts as it would (same forwards, same cache rollbacks) and its tokens
+    model's cost: a drafter (e.g. a compiled ``ModelDrafter``), or a model, wrapped in the
+    :class:`ModelDrafter` that ``speculative_generate`` would give it: compiled where the
+    run compiles (``compile=None``: as ``compiles_by_default`` says for the model's device,
+    so on a GPU the dial pays a compiled draft's cost, like the real run; eager on a CPU).
+    It drafts as it would (same forwards, same cache rollbacks) and its tokens
     are thrown away, so c is that drafter's measured cost while α stays the dial's (how
     ``scripts/gpu_check.py`` gets a known α from random-weight models).
     If the context ever leaves the reference (possible only through floating-point ties),
@@ -117,14 +120,21 @@ class ReplayDrafter:
     """
 
     def __init__(self, reference: torch.Tensor, noise: float, vocab_size: int, seconds_per_token: float = 0.0,
-                 cost_model=None, device: torch.device | str | None = None):
+                 cost_model=None, device: torch.device | str | None = None, compile: bool | None = None,
+                 compile_options: dict | None = None):
         if not 0 <= noise <= 1:
             raise ValueError(f"noise={noise} must lie in [0, 1]")
         self.device = torch.device(device) if device is not None else reference.device
         self.reference = reference.flatten().to(self.device)  # [n]: q is built from it, on the device
         self._reference_host = reference.flatten().cpu()  # [n]: compared with the loop's host context
         self.noise, self.vocab_size, self.seconds_per_token = noise, vocab_size, seconds_per_token
-        self._cost = cost_model if cost_model is None or hasattr(cost_model, "propose") else ModelDrafter(cost_model)
+        self._cost = cost_model
+        if isinstance(cost_model, torch.nn.Module):  # a bare model: the drafter the real run would make of it
+            from ..generate import as_drafter, resolve_compile
+
+            compiled = resolve_compile(compile, cost_model.device, None)
+            # the cost model is its own "target" here: as_drafter only checks that its head fits
+            self._cost = as_drafter(cost_model, cost_model, compiled, compile_options, positions=len(self._reference_host) + 16)
 
     def reset(self) -> None:
         if self._cost is not None:

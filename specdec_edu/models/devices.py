@@ -1,12 +1,16 @@
-"""Where the course runs: the best device here, and whether "here" is a Google Colab runtime."""
+"""Where the course runs: the best device here, the dtype it computes in, and whether "here" is Google Colab."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
 
-__all__ = ["default_device", "on_colab"]
+__all__ = ["DTYPES", "default_device", "default_dtype", "dtype_reason", "native_bf16", "on_colab"]
+
+#: The names ``$SPECDEC_EDU_DTYPE`` accepts, and the dtypes they mean.
+DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def default_device() -> torch.device:
@@ -19,6 +23,53 @@ def default_device() -> torch.device:
     return torch.device("cpu")
 
 
+def native_bf16(device) -> bool:
+    """Does this CUDA device compute bf16 in hardware (compute capability ≥ 8.0: A100, L4, H100, …)?
+
+    Not ``torch.cuda.is_bf16_supported()``: that answers True on a T4 (7.5), where bf16 is *emulated*, and
+    emulated bf16 matrix products run slower than fp32 (and Triton has failed to compile bf16 below sm_80).
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        return False
+    major, _ = torch.cuda.get_device_capability(device)
+    return major >= 8
+
+
+def default_dtype(device, reduced: bool = True) -> torch.dtype:
+    """The dtype a model pair computes in on ``device``: one rule for the whole course.
+
+    ``$SPECDEC_EDU_DTYPE`` (``fp32``, ``fp16`` or ``bf16``) decides when set. Otherwise, with ``reduced``
+    (hub pairs): bf16 on a CUDA device that has it natively (compute capability ≥ 8.0), fp16 on older CUDA
+    devices (T4, V100), fp32 on the CPU and MPS. Half the bytes of fp32 halve a GPU step's weight reads.
+    ``reduced=False`` (the embedded pair, whose lessons need exact fp32 arithmetic): fp32 everywhere.
+    """
+    chosen = os.environ.get("SPECDEC_EDU_DTYPE", "").strip().lower()
+    if chosen:
+        if chosen not in DTYPES:
+            raise ValueError(f"SPECDEC_EDU_DTYPE={chosen!r} is not a dtype: set it to one of {sorted(DTYPES)}, "
+                             "or unset it for the device's default.")
+        return DTYPES[chosen]
+    device = torch.device(device)
+    if not reduced or device.type != "cuda":
+        return torch.float32
+    return torch.bfloat16 if native_bf16(device) else torch.float16
+
+
 def on_colab() -> bool:
     """True inside a Google Colab runtime (its ``google.colab`` module is already imported there)."""
     return "google.colab" in sys.modules
+
+
+def dtype_reason(device, dtype: torch.dtype) -> str:
+    """One line saying which dtype a pair computes in on ``device``, and why (for a notebook's setup cell)."""
+    device, name = torch.device(device), {v: k for k, v in DTYPES.items()}.get(dtype, str(dtype))
+    if os.environ.get("SPECDEC_EDU_DTYPE", "").strip():
+        return f"{name} (set by SPECDEC_EDU_DTYPE)"
+    if device.type != "cuda":
+        return f"{name} (on {device.type}: float32 products are exact and, on a CPU, faster than 16-bit ones)"
+    major, minor = torch.cuda.get_device_capability(device)
+    if dtype == torch.float32:
+        return f"{name} (this pair computes exactly, in fp32, on every device)"
+    native = "has bf16 in hardware" if major >= 8 else "has no native bf16 (it would be emulated, slower), so fp16"
+    return f"{name} (this GPU, compute capability {major}.{minor}, {native}; SPECDEC_EDU_DTYPE=fp32 for exact arithmetic)"

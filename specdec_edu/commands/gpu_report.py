@@ -1,0 +1,246 @@
+"""``python -m specdec_edu gpu-report``: what the course will see on this device, in one command.
+
+Made for a Colab GPU (in a notebook cell: ``!python -m specdec_edu gpu-report``), it runs anywhere:
+
+1. the device, the dtype the course picks there (``models.devices.default_dtype``) and the path (compiled or
+   eager, ``compiles_by_default``);
+2. the cold start of this process: loading the pair, compiling it (or capturing its CUDA graphs), and the
+   first generated token, each timed;
+3. the target's memory floor (its weight bytes ÷ the read bandwidth measured here), the measured target and
+   draft steps on the path in use, c = draft step ÷ target step, and the verify cost (a (γ + 1)-token forward
+   ÷ a one-token one);
+4. the measured speedup of greedy speculative decoding with the pair's own draft, over a few chat prompts,
+   and with a dial drafter at α = 0.8 (``ReplayDrafter``: α known, c the real draft's), each beside
+   Leviathan's prediction, and a verdict sentence computed from them.
+
+The pair is ``default_pair()`` (``--pair`` to choose): ``smollm2`` on a Colab GPU, the embedded pair on a CPU.
+``--quick`` shortens the answers and the repeats (the tests use it). On a T4 the default settings are meant to
+finish in under 3 minutes after the download (unmeasured: no T4 has run it yet).
+
+:func:`predicted_table` is the README's "what to expect on your GPU" table: a *prediction* from datasheet
+bandwidths and the per-layer cost measured on one H200 (``--predict`` prints it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import TextIO
+
+import torch
+
+#: A few chat prompts of the kind the course asks (the pair's own draft is measured on these).
+CHAT_PROMPTS = (
+    "Explain photosynthesis in two sentences.",
+    "Give three tips for writing clear emails.",
+    "What is the difference between a list and a tuple in Python?",
+)
+DIAL_ALPHA = 0.8
+
+
+@dataclass
+class ReportSettings:
+    """The knobs of one report: answer length, γ, repeats of each timing, prompts used."""
+
+    max_new_tokens: int = 64
+    gamma: int = 4
+    repeats: int = 2
+    prompts: tuple[str, ...] = CHAT_PROMPTS
+    bandwidth_bytes: int | None = None  # the read-bandwidth buffer (default: see step_costs)
+
+    @classmethod
+    def quick(cls) -> ReportSettings:
+        return cls(max_new_tokens=16, gamma=4, repeats=1, prompts=CHAT_PROMPTS[:1])
+
+
+def step_costs(target, draft, gamma: int, compiled: bool, bandwidth_bytes: int | None = None, repeats: int = 5) -> dict:
+    """What one decoding step costs here, on the path in use (``compiled``): seconds and ratios.
+
+    Returns ``read_bandwidth`` (bytes/s, ``torch.sum`` over ``bandwidth_bytes``), ``weight_bytes`` and
+    ``memory_floor`` (weight bytes ÷ bandwidth: no step can be faster), ``target_step`` and ``draft_step``
+    (a one-token forward, median of ``repeats``), ``c`` (their ratio) and ``verify_cost`` (a (γ + 1)-token
+    target forward ÷ a one-token one). ``bandwidth_bytes`` defaults to 1 GiB on CUDA (so that the reduction
+    outlasts its launch) and 256 MiB elsewhere (more than a CPU's caches).
+    """
+    from ..course.measure import forward_seconds, parameter_bytes, read_bandwidth
+
+    if bandwidth_bytes is None:
+        bandwidth_bytes = 2**30 if target.device.type == "cuda" else 2**28
+    bandwidth = read_bandwidth(target.device, bandwidth_bytes)
+    weight_bytes = parameter_bytes(target)
+    target_step = forward_seconds(target, 1, repeats=repeats, compile=compiled)
+    draft_step = forward_seconds(draft, 1, repeats=repeats, compile=compiled)
+    verify = forward_seconds(target, gamma + 1, repeats=repeats, compile=compiled)
+    return {"read_bandwidth": bandwidth, "weight_bytes": weight_bytes, "memory_floor": weight_bytes / bandwidth,
+            "target_step": target_step, "draft_step": draft_step, "c": draft_step / target_step,
+            "verify_cost": verify / target_step}
+
+
+def verdict(costs: dict, alpha: float, gamma: int) -> str:
+    """The sentence that says whether this pair pays here, computed from ``costs`` (``step_costs``) and α."""
+    from ..theory import alpha_for_speedup, expected_speedup
+
+    c, verify = costs["c"], costs["verify_cost"]
+    leviathan = expected_speedup(alpha, gamma, c)
+    with_verify = expected_speedup(alpha, gamma, c, verify)
+    try:
+        needed = f"it breaks even from α ≈ {alpha_for_speedup(1.0, gamma, c, verify):.2f}"
+    except ValueError:
+        needed = "no α breaks even at this γ"
+    pays = "pays" if with_verify > 1 else "does not pay"
+    return (f"At α = {alpha:.2f}, γ = {gamma}: Leviathan's formula predicts {leviathan:.2f}× with c = {c:.2f}, and "
+            f"{with_verify:.2f}× with the verify cost measured here ({verify:.2f} steps), so this pair {pays} on "
+            f"this device ({needed}).")
+
+
+def describe_costs(costs: dict, device, dtype, compiled: bool) -> str:
+    """Lines for ``step_costs``'s numbers: the memory floor first, then the steps and c."""
+    ms = lambda s: f"{s * 1e3:.2f} ms"  # noqa: E731
+    path = "compiled" if compiled else "eager"
+    return "\n".join([
+        f"memory floor of a target step: {costs['weight_bytes'] / 1e9:.2f} GB of weights ÷ "
+        f"{costs['read_bandwidth'] / 1e9:.0f} GB/s read here = {ms(costs['memory_floor'])}",
+        f"measured on {torch.device(device).type}, {str(dtype).removeprefix('torch.')}, {path}: target step "
+        f"{ms(costs['target_step'])} ({costs['target_step'] / costs['memory_floor']:.1f}× its floor), draft step "
+        f"{ms(costs['draft_step'])}, c = {costs['c']:.2f}, verify of γ + 1 tokens = {costs['verify_cost']:.2f} steps",
+    ])
+
+
+def _median_speedup(target, drafter, prompt, settings: ReportSettings, eos) -> tuple[float, float, dict]:
+    """(speedup, α, check report) of greedy speculative decoding over target-only: interleaved, medians."""
+    from .. import autoregressive_generate, speculative_generate
+    from ..course.diagnostics import check_same_output
+    from ..course.experiments import interleaved_benchmark
+
+    kw = dict(max_new_tokens=settings.max_new_tokens, eos_token_id=eos)
+    runs = interleaved_benchmark({
+        "target": lambda: autoregressive_generate(target, prompt, **kw),
+        "spec": lambda: speculative_generate(target, drafter, prompt, gamma=settings.gamma, **kw),
+    }, repeats=settings.repeats, progress=False)
+    base, spec = runs["target"][-1], runs["spec"][-1]
+    check = check_same_output(target, prompt, base.row(0), spec.row(0), gamma=settings.gamma)
+    speed = lambda rs: statistics.median(r.stats.tokens_per_second for r in rs)  # noqa: E731
+    return speed(runs["spec"]) / speed(runs["target"]), statistics.median(r.stats.alpha for r in runs["spec"]), check
+
+
+def run_report(target, draft, tokenizer, settings: ReportSettings | None = None, out: TextIO = sys.stdout,
+               pair: str = "?", load_seconds: float | None = None) -> dict:
+    """Measure and print the report for a loaded pair; returns its numbers (a dict)."""
+    from .. import autoregressive_generate, chat_prompt, speculative_generate
+    from ..course.experiments import ReplayDrafter
+    from ..generate import compiles_by_default
+    from ..models.devices import dtype_reason
+
+    settings = settings or ReportSettings()
+    device, dtype = target.device, next(target.parameters()).dtype
+    compiled = compiles_by_default(device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    say = lambda line="": print(line, file=out, flush=True)  # noqa: E731
+    say(f"device: {name} · torch {torch.__version__} · pair: {pair}")
+    say(f"dtype:  {dtype_reason(device, dtype)}")
+    say(f"path:   {'compiled (torch.compile; CUDA graphs on a GPU)' if compiled else 'eager'}; SPECDEC_EDU_COMPILE=0/1 "
+        "changes it")
+
+    eos, prompts = tokenizer.eos_token_id, [chat_prompt(tokenizer, p, device=device) for p in settings.prompts]
+    start = time.perf_counter()  # the first call compiles (or captures) both models' caches, then decodes
+    speculative_generate(target, draft, prompts[0], max_new_tokens=1, gamma=settings.gamma)
+    first = time.perf_counter() - start
+    loaded = f"load {load_seconds:.1f} s + " if load_seconds is not None else ""
+    say(f"cold start in this process: {loaded}compile/capture and first token {first:.1f} s "
+        "(scripts/cold_start.py times a fresh process, part by part)")
+
+    costs = step_costs(target, draft, settings.gamma, compiled, settings.bandwidth_bytes, repeats=3 * settings.repeats)
+    say(describe_costs(costs, device, dtype, compiled))
+
+    speedups, alphas = [], []
+    for prompt in prompts:
+        speedup, alpha, check = _median_speedup(target, draft, prompt, settings, eos)
+        speedups.append(speedup)
+        alphas.append(alpha)
+        if not check["identical"]:
+            say(f"  note: {check['message']}")
+    alpha_own = statistics.median(alphas)
+    say(f"the pair's own draft, {len(prompts)} chat prompt(s), {settings.max_new_tokens} new tokens, γ = "
+        f"{settings.gamma}: measured {statistics.median(speedups):.2f}× (median), α = {alpha_own:.2f}")
+    say("  " + verdict(costs, alpha_own, settings.gamma))
+
+    vocab = target.config.vocab_size
+    reference = autoregressive_generate(target, prompts[0], max_new_tokens=settings.max_new_tokens).sequences[0]
+    noise = (1 - DIAL_ALPHA) / (1 - 1 / vocab)  # α = 1 − noise + noise / V
+    dial = ReplayDrafter(reference, noise, vocab, cost_model=draft, device=device)
+    dial_speedup, dial_alpha, _ = _median_speedup(target, dial, prompts[0], settings, eos=None)
+    say(f"dial drafter at α = {DIAL_ALPHA} (the real draft's cost, α set by a dial): measured {dial_speedup:.2f}× "
+        f"(α = {dial_alpha:.2f} in the run, by chance on {settings.max_new_tokens} tokens)")
+    say("  " + verdict(costs, dial.alpha, settings.gamma))
+    return {"device": name, "dtype": str(dtype), "compiled": compiled, "first_call_seconds": first, **costs,
+            "speedup_own": statistics.median(speedups), "alpha_own": alpha_own, "speedup_dial": dial_speedup,
+            "alpha_dial": dial_alpha}
+
+
+# ---- the README's "what to expect on your GPU" table: a prediction ------------------------------------------
+
+#: Datasheet memory bandwidth (GB/s) of the GPUs learners meet; the README's table predicts from these.
+DATASHEET_GB_S = {"T4": 320, "L4": 300, "A100 40 GB": 1555, "A100 80 GB": 2039, "H100 SXM": 3350, "H200": 4800}
+#: Measured on one H200 (``assets/results/gpu_h200_2026-11-30``, gpu_check, compiled with CUDA graphs, bf16):
+#: the 24-layer SmolLM2-1.7B target step 2.43 ms, the 30-layer SmolLM2-135M draft 9.58 ms per 4 drafted tokens.
+H200_TARGET_MS, H200_DRAFT_MS_PER_TOKEN, H200_READ_FRACTION = 2.431, 9.583 / 4, 4.21 / 4.8
+SMOLLM2 = {"target_bytes": 3_422_752_768, "target_layers": 24, "draft_bytes": 2 * 134_515_008, "draft_layers": 30}
+
+
+def predicted_row(gb_s: float, gamma: int = 4, alpha: float = DIAL_ALPHA) -> dict:
+    """Predicted target step, draft step, c and speedup for the ``smollm2`` pair (16-bit) on a GPU of ``gb_s``.
+
+    A compiled step costs at least its memory floor (weight bytes ÷ read bandwidth, taken as the datasheet
+    figure × the 88 % the H200 read) and at least its layers × the per-layer cost measured on the H200 (the
+    fixed work per layer that left the H200's steps 3× above their floor). An older GPU likely spends more
+    per layer than the H200, so for the draft this is optimistic: a prediction, not a measurement.
+    """
+    from ..theory import expected_speedup
+
+    read = gb_s * 1e9 * H200_READ_FRACTION
+    per_layer_target, per_layer_draft = H200_TARGET_MS / 24, H200_DRAFT_MS_PER_TOKEN / 30
+    target_ms = max(SMOLLM2["target_bytes"] / read * 1e3, SMOLLM2["target_layers"] * per_layer_target)
+    draft_ms = max(SMOLLM2["draft_bytes"] / read * 1e3, SMOLLM2["draft_layers"] * per_layer_draft)
+    c = draft_ms / target_ms
+    return {"target_ms": target_ms, "draft_ms": draft_ms, "c": c, "speedup": expected_speedup(alpha, gamma, c)}
+
+
+def predicted_table(gamma: int = 4, alpha: float = DIAL_ALPHA) -> str:
+    """The README's table (markdown): predicted rows for every GPU in :data:`DATASHEET_GB_S`, then the one
+    measured row (H200, gpu_check)."""
+    lines = ["| GPU | datasheet bandwidth | target step | draft step | c | speedup at α 0.8, γ 4 | source |",
+             "|---|---|---|---|---|---|---|"]
+    for gpu, gb_s in DATASHEET_GB_S.items():
+        r = predicted_row(gb_s, gamma, alpha)
+        lines.append(f"| {gpu} | {gb_s:,} GB/s | {r['target_ms']:.1f} ms | {r['draft_ms']:.1f} ms | {r['c']:.2f} | "
+                     f"{r['speedup']:.2f}× | predicted |")
+    lines.append(f"| H200 | 4,800 GB/s | {H200_TARGET_MS:.1f} ms | {H200_DRAFT_MS_PER_TOKEN:.1f} ms | 1.05 | 0.64× | "
+                 "measured (random weights) |")
+    return "\n".join(lines)
+
+
+# ---- the command ---------------------------------------------------------------------------------------------
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--pair", default=None, help="model pair (default: default_pair(): smollm2 on a Colab GPU, "
+                        "else embedded)")
+    parser.add_argument("--quick", action="store_true", help="short answers, one prompt, one repeat (a smoke test)")
+    parser.add_argument("--predict", action="store_true", help="print the README's predicted table and exit")
+
+
+def main(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    from ..models.embedded import default_pair, load_pair
+
+    out = out or sys.stdout
+    if args.predict:
+        print(predicted_table(), file=out)
+        return 0
+    pair = args.pair or default_pair()
+    start = time.perf_counter()
+    target, draft, tokenizer = load_pair(pair)
+    run_report(target, draft, tokenizer, ReportSettings.quick() if args.quick else ReportSettings(), out, pair=pair,
+               load_seconds=time.perf_counter() - start)
+    return 0

@@ -1,0 +1,32 @@
+"""scripts/cold_start.py at toy shapes: a fresh process reports its four parts, cold then warm (no timing checked)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "cold_start.py"
+
+
+def test_the_tiny_smoke_reports_every_part_cold_and_warm(tmp_path):
+    out = tmp_path / "cold.json"
+    done = subprocess.run([sys.executable, str(SCRIPT), "--tiny", "--paths", "eager", "--cpus", "all", "--json", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["path"], r["cache"], r["cpus"]) for r in rows] == [("eager", "cold", "all"), ("eager", "warm", "all")]
+    for row in rows:
+        assert set(row["seconds"]) == {"import", "build", "compile", "first_token", "total"}
+        assert row["seconds"]["compile"] < row["seconds"]["total"] and not row["compiled"]
+        assert row["dtype"] == "torch.float32"  # a CPU computes in fp32
+    assert "eager      cold all CPUs" in done.stdout
+
+
+def test_two_cpus_are_labelled_a_colab_proxy_and_an_unknown_path_is_an_error():
+    sys.path.insert(0, str(SCRIPT.parent))
+    import cold_start
+
+    row = {"path": "default", "cache": "cold", "cpus": "0,1", "error": "boom"}
+    assert "proxy for Colab's 2 vCPUs" in cold_start.format_row(row) and "FAILED: boom" in cold_start.format_row(row)
+    done = subprocess.run([sys.executable, str(SCRIPT), "--paths", "fast"], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "unknown path 'fast'" in done.stderr

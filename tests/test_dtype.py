@@ -1,0 +1,145 @@
+"""The dtype rule, the compile fallback and the fp16 reload: what keeps the course running on every GPU generation.
+
+No GPU here: the CUDA device is faked (``torch.cuda.get_device_capability`` patched), a compiler failure is
+forced with a backend that raises, and fp16 overflow with a model whose logits are inf in fp16.
+"""
+
+import pytest
+import torch
+from conftest import perturbed_copy, tiny_llama
+
+from specdec_edu import autoregressive_generate, speculative_generate
+from specdec_edu.models import devices, embedded
+from specdec_edu.models.devices import default_dtype, dtype_reason, native_bf16
+
+PROMPT = torch.tensor([[7, 8, 9, 10, 11]])
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    """A fake CUDA device: ``gpu(7, 5)`` makes ``get_device_capability`` answer a T4's capability."""
+    monkeypatch.delenv("SPECDEC_EDU_DTYPE", raising=False)
+
+    def fake(major, minor):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (major, minor))
+        # the trap: this answers True on a T4 (emulation counts); the rule must not ask it
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+        return torch.device("cuda")
+
+    return fake
+
+
+@pytest.mark.parametrize("capability, want", [((7, 5), torch.float16), ((7, 0), torch.float16),
+                                              ((8, 0), torch.bfloat16), ((8, 9), torch.bfloat16),
+                                              ((9, 0), torch.bfloat16)])
+def test_bf16_only_where_the_gpu_has_it_natively(gpu, capability, want):
+    """T4 (7.5) and V100 (7.0): fp16; A100 (8.0), L4 (8.9), H100/H200 (9.0): bf16."""
+    device = gpu(*capability)
+    assert default_dtype(device) == want
+    assert native_bf16(device) == (want == torch.bfloat16)
+    assert default_dtype(device, reduced=False) == torch.float32  # the embedded pair stays exact
+    assert ("no native bf16" in dtype_reason(device, want)) == (want == torch.float16)
+
+
+def test_fp32_on_the_cpu_and_mps(monkeypatch):
+    monkeypatch.delenv("SPECDEC_EDU_DTYPE", raising=False)
+    assert default_dtype("cpu") == default_dtype("mps") == torch.float32
+    assert "fp32" in dtype_reason("cpu", torch.float32)
+
+
+@pytest.mark.parametrize("value, want", [("fp32", torch.float32), ("FP16", torch.float16), (" bf16", torch.bfloat16)])
+def test_the_variable_overrides_every_device(gpu, monkeypatch, value, want):
+    device = gpu(7, 5)
+    monkeypatch.setenv("SPECDEC_EDU_DTYPE", value)
+    assert default_dtype(device) == default_dtype("cpu", reduced=False) == want
+    assert "SPECDEC_EDU_DTYPE" in dtype_reason(device, want)
+
+
+def test_a_bad_value_names_the_fix(monkeypatch):
+    monkeypatch.setenv("SPECDEC_EDU_DTYPE", "half")
+    with pytest.raises(ValueError, match=r"SPECDEC_EDU_DTYPE='half'.*\['bf16', 'fp16', 'fp32'\]"):
+        default_dtype("cpu")
+
+
+def test_load_pair_honours_the_variable(monkeypatch):
+    """load_pair asks the rule for its dtype (hub pairs reduced, the embedded pair not) and passes it on."""
+    seen = []
+    monkeypatch.setattr(embedded, "_load_named_pair", lambda name, device, dtype: seen.append((name, dtype)) or
+                        (tiny_llama(0), tiny_llama(1), None))
+    monkeypatch.delenv("SPECDEC_EDU_DTYPE", raising=False)
+    embedded.load_pair("embedded", "cpu")
+    monkeypatch.setenv("SPECDEC_EDU_DTYPE", "bf16")
+    embedded.load_pair("smollm2", "cpu")
+    assert seen == [("embedded", torch.float32), ("smollm2", torch.bfloat16)]
+
+
+def overflows_in_fp16(model):
+    """``model``, patched so that its logits are +inf whenever its weights are fp16 (as fp16 overflow would)."""
+    def hook(module, args, output):
+        if module.dtype == torch.float16:
+            output.logits = torch.full_like(output.logits, float("inf"))
+        return output
+
+    model.register_forward_hook(hook)
+    return model
+
+
+def test_fp16_logits_that_overflow_reload_the_pair_in_fp32_once(monkeypatch):
+    loads = []
+
+    def load(name, device, dtype):
+        loads.append(dtype)
+        return overflows_in_fp16(tiny_llama(0).to(dtype)), tiny_llama(1).to(dtype), None
+
+    monkeypatch.setattr(embedded, "_load_named_pair", load)
+    with pytest.warns(UserWarning, match="fp16 logits are not finite.*float32"):
+        target, draft, _ = embedded.load_pair("smollm2", "cpu", torch.float16)
+    assert loads == [torch.float16, torch.float32] and target.dtype == draft.dtype == torch.float32
+    assert embedded.finite_logits(target)
+
+
+def test_finite_fp16_logits_keep_fp16(monkeypatch, recwarn):
+    monkeypatch.setattr(embedded, "_load_named_pair", lambda name, device, dtype:
+                        (tiny_llama(0).to(dtype), tiny_llama(1).to(dtype), None))
+    target, _, _ = embedded.load_pair("smollm2", "cpu", torch.float16)
+    assert target.dtype == torch.float16 and not recwarn.list
+
+
+def failing_backend(graph, example_inputs):
+    raise RuntimeError("Feature '.bf16' requires .target sm_80 or higher\nsecond line")
+
+
+def test_a_compiler_failure_runs_eager_and_says_why():
+    """A backend that raises when the caches compile (as Triton's bf16 did below sm_80): each model falls back to
+    eager with one warning naming the cause, and the tokens are the eager run's."""
+    target = tiny_llama(seed=0)
+    draft = perturbed_copy(target, noise=0.3, seed=2)
+    eager = speculative_generate(target, draft, PROMPT, max_new_tokens=12, gamma=3, compile=False)
+    with pytest.warns(UserWarning) as caught:
+        out = speculative_generate(target, draft, PROMPT, max_new_tokens=12, gamma=3, compile=True,
+                                   compile_options={"backend": failing_backend})
+    messages = [str(w.message) for w in caught]
+    for role in ("draft", "target"):
+        assert any(f"compiling the {role} failed" in m and "requires .target sm_80" in m and "second line" not in m
+                   and f"the {role} runs eager" in m for m in messages), messages
+    assert out.sequences.tolist() == eager.sequences.tolist() and not out.stats.compiled
+    with pytest.warns(UserWarning, match="compiling the target failed"):
+        base = autoregressive_generate(target, PROMPT, max_new_tokens=12, compile=True,
+                                       compile_options={"backend": failing_backend})
+    assert base.sequences.tolist() == eager.sequences.tolist() and not base.stats.compiled
+
+
+def test_the_module_exports_the_rule():
+    assert {"default_dtype", "native_bf16", "dtype_reason"} <= set(devices.__all__)
+
+
+def test_a_random_target_needs_no_download(monkeypatch):
+    """``SPECDEC_EDU_RANDOM_TARGET=1`` (a GPU machine without internet): the embedded target's shape, random weights,
+    the tokenizer from the draft's folder; nothing is fetched."""
+    monkeypatch.setenv("SPECDEC_EDU_RANDOM_TARGET", "1")
+    monkeypatch.setattr(embedded.weights, "ensure_embedded_target", lambda: pytest.fail("no download"))
+    with pytest.warns(UserWarning, match="random weights"):
+        target, draft, tok = embedded.load_embedded_pair("cpu")
+    c = target.config
+    assert (c.num_hidden_layers, c.hidden_size, c.vocab_size, target.dtype) == (30, 576, 49152, torch.float32)
+    assert len(tok) == c.vocab_size == draft.config.vocab_size and tok.chat_template

@@ -1,0 +1,46 @@
+"""scripts/execute_notebooks.py: its arguments, its table, and that --scratch leaves the notebook it runs untouched."""
+
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import execute_notebooks  # noqa: E402
+
+
+def test_arguments():
+    args = execute_notebooks.parse_args(["--scratch", "--quick"])
+    assert args.scratch and args.quick and args.out is None
+    assert [p.name for p in args.notebooks][:2] == ["00_start_here.ipynb", "01_why_decoding_is_slow.ipynb"]
+    assert len(args.notebooks) == 12
+    with pytest.raises(SystemExit):
+        execute_notebooks.parse_args(["--out", "somewhere"])  # --out without --scratch would mean "in place"
+
+
+def test_the_table_lists_every_notebook():
+    table = execute_notebooks.format_table([("00_a.ipynb", 12.3, "pass"), ("01_b.ipynb", None, "FAIL: boom")])
+    lines = table.splitlines()
+    assert lines[0].split() == ["notebook", "seconds", "result"]
+    assert lines[1].split() == ["00_a.ipynb", "12", "pass"] and lines[2].split() == ["01_b.ipynb", "FAIL:", "boom"]
+
+
+def test_scratch_runs_copies_and_reports_failures(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("SPECDEC_EDU_QUICK", "0")
+    monkeypatch.setenv("PYTHONPATH", "")  # main() sets both for its kernels; restored after the test
+    good, bad = tmp_path / "00_good.ipynb", tmp_path / "01_bad.ipynb"
+    report = "import os\nimport specdec_edu\nprint('quick', os.environ['SPECDEC_EDU_QUICK'], specdec_edu.__file__)"
+    for path, source in [(good, report), (bad, "1 / 0")]:
+        nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source)])
+        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+        nbformat.write(nb, path)
+    before = good.read_text()
+    out = tmp_path / "out"
+    status = execute_notebooks.main([str(good), str(bad), "--scratch", "--quick", "--out", str(out)])
+    assert status == 1 and good.read_text() == before  # the committed notebook is untouched
+    ran = nbformat.read(out / good.name, as_version=4)
+    quick, package = ran.cells[0].outputs[0]["text"].split()[1:]
+    assert quick == "1" and package.startswith(str(Path(execute_notebooks.ROOT)))  # this checkout's package
+    table = capsys.readouterr().out
+    assert "00_good.ipynb" in table and "pass" in table and "01_bad.ipynb" in table and "ZeroDivisionError" in table

@@ -1,0 +1,69 @@
+"""``python -m specdec_edu gpu-report``: it runs end to end (on tiny models here, quick settings), prints every
+number it promises, and the README's "what to expect on your GPU" table is its ``predicted_table``."""
+
+import io
+import re
+from pathlib import Path
+
+import pytest
+
+from specdec_edu.__main__ import build_parser
+from specdec_edu.commands import gpu_report
+from specdec_edu.commands.gpu_report import ReportSettings, predicted_row, predicted_table, run_report, verdict
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def test_the_report_runs_on_a_tiny_pair_and_prints_every_number(tiny_pair, char_tokenizer, monkeypatch):
+    monkeypatch.delenv("SPECDEC_EDU_DTYPE", raising=False)
+    out = io.StringIO()
+    settings = ReportSettings(max_new_tokens=8, repeats=1, prompts=("Hi there.",), bandwidth_bytes=2**20)
+    numbers = run_report(*tiny_pair, char_tokenizer, settings, out, pair="tiny", load_seconds=0.0)
+    text = out.getvalue()
+    for line_start in ("device: cpu", "dtype:  fp32", "path:   eager", "cold start in this process",
+                       "memory floor of a target step", "the pair's own draft", "dial drafter at α = 0.8"):
+        assert line_start in text, (line_start, text)
+    assert text.count("Leviathan's formula predicts") == 2  # the verdict, for the own draft and the dial
+    assert numbers["c"] == pytest.approx(numbers["draft_step"] / numbers["target_step"])
+    assert numbers["memory_floor"] == pytest.approx(numbers["weight_bytes"] / numbers["read_bandwidth"])
+    assert numbers["alpha_dial"] > 0.4 and not numbers["compiled"]
+
+
+@pytest.mark.parametrize("c, verify, pays", [(0.05, 1.0, True), (1.0, 1.2, False)])
+def test_the_verdict_is_computed(c, verify, pays):
+    sentence = verdict({"c": c, "verify_cost": verify}, alpha=0.8, gamma=4)
+    assert ("this pair pays on this device" in sentence) == pays and ("does not pay" in sentence) == (not pays)
+
+
+def test_the_predicted_table_follows_bandwidth():
+    """Slow memory makes the 1.7B target slow and c small (a T4, an L4); fast memory leaves the per-layer cost,
+    and the 30-layer draft costs as much as the 24-layer target (as measured on the H200)."""
+    t4, h200 = predicted_row(320), predicted_row(4800)
+    assert t4["target_ms"] == pytest.approx(3_422_752_768 / (320e9 * 4.21 / 4.8) * 1e3)
+    assert t4["c"] < 0.35 < 0.9 < h200["c"] and t4["speedup"] > 1 > h200["speedup"]
+
+
+def test_the_readme_quotes_the_predicted_table():
+    table = predicted_table()
+    assert table in README.read_text(), "README's GPU table drifted: paste `python -m specdec_edu gpu-report --predict`"
+    assert re.search(r"prediction", README.read_text()[README.read_text().index(table) - 800:], re.I)
+
+
+def test_the_command_is_registered():
+    args = build_parser().parse_args(["gpu-report", "--quick", "--pair", "embedded"])
+    assert args.quick and args.pair == "embedded"
+    out = io.StringIO()
+    assert gpu_report.main(build_parser().parse_args(["gpu-report", "--predict"]), out) == 0
+    assert out.getvalue().strip() == predicted_table()
+
+
+@pytest.mark.embedded
+def test_the_quick_report_runs_on_the_embedded_pair(monkeypatch):
+    """What a CPU learner gets from ``python -m specdec_edu gpu-report --quick``: the embedded pair, fp32, eager."""
+    monkeypatch.delenv("SPECDEC_EDU_DTYPE", raising=False)
+    monkeypatch.delenv("SPECDEC_EDU_PAIR", raising=False)
+    out = io.StringIO()
+    assert gpu_report.main(build_parser().parse_args(["gpu-report", "--quick"]), out) == 0
+    text = out.getvalue()
+    assert "pair: embedded" in text and "dtype:  fp32" in text and "path:   eager" in text
+    assert "cold start in this process: load" in text and text.count("so this pair") == 2
