@@ -76,7 +76,7 @@ def child(args) -> dict:
     positions = args.prompt_length + 1 + 4  # prompt, one new token, γ = 4 drafts: what speculative_generate asks for
     if compiled:  # the caches speculative_generate would make; the call below reuses them
         kv.shared_static_cache(target, positions, options)
-        ModelDrafter(draft, static_cache=True, max_cache_len=positions, compile=True, compile_options=options)
+        ModelDrafter(draft, max_cache_len=positions, compile=True, compile_options=options)
         sync()
     times["compile"], start = time.perf_counter() - start, time.perf_counter()
 

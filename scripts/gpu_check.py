@@ -357,7 +357,7 @@ def main(argv=None) -> dict:
         with section(f"{i}. decoding, {mode} (α from the dial; {check.n_new} new tokens, medians of {args.repeats})",
                      seconds):
             if mode != "eager" and not compiled:
-                compiled = {label: ModelDrafter(m, static_cache=True, max_cache_len=args.prompt_length + check.n_new + g + 16,
+                compiled = {label: ModelDrafter(m, max_cache_len=args.prompt_length + check.n_new + g + 16,
                                                 compile=True, compile_options=args.compile_options)
                             for label, m in drafts.items()}
             base, rows = decoding_rows(check, mode, drafts if mode == "eager" else compiled, dial_points(g, args.quick), read)

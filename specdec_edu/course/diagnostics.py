@@ -97,10 +97,10 @@ def logit_spread(target, context_ids, gamma: int = 4) -> float:
         raise ValueError(f"logit_spread needs more than γ + 1 = {gamma + 1} tokens of context, got {len(ids)}")
     prefix, tail = ids[None, : -(gamma + 1)], ids[None, -(gamma + 1):]
     one_by_one, together = kv.new_cache(target), kv.new_cache(target)
-    kv.forward(target, prefix, one_by_one)
-    kv.forward(target, prefix, together)
-    single = torch.cat([kv.forward(target, tail[:, i : i + 1], one_by_one).logits[0] for i in range(gamma + 1)])
-    verify = kv.forward(target, tail, together).logits[0]  # [γ + 1, V]
+    kv.forward_cached(target, prefix, one_by_one)
+    kv.forward_cached(target, prefix, together)
+    single = torch.cat([kv.forward_cached(target, tail[:, i : i + 1], one_by_one).logits[0] for i in range(gamma + 1)])
+    verify = kv.forward_cached(target, tail, together).logits[0]  # [γ + 1, V]
     return float((single.float() - verify.float()).abs().max())
 
 
