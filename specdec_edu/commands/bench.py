@@ -81,19 +81,24 @@ def eval_prompts(name: str) -> list[str]:
     """The prompts of the named set of ``assets/eval/prompts.json`` (``reworded``: the reworded questions)."""
     from ..models.feature_drafters import asset_dir
 
-    sets = json.loads((asset_dir("eval") / "prompts.json").read_text())
     if name == "reworded":
-        return [reworded for _, reworded in sets["reworded_pairs"]]
+        return [reworded for _, reworded in reworded_pairs()]
+    sets = json.loads((asset_dir("eval") / "prompts.json").read_text())
     if name.startswith("tuning-"):
         return sets["tuning"][name.removeprefix("tuning-").replace("-", "_")]
     return sets[name.replace("-", "_")]
 
 
-def reworded_originals() -> list[str]:
-    """The original questions of the reworded pairs: their answers go into the global index first."""
+def reworded_pairs() -> list[tuple[str, str]]:
+    """(original question, the same question reworded), from ``assets/eval/prompts.json``."""
     from ..models.feature_drafters import asset_dir
 
-    return [original for original, _ in json.loads((asset_dir("eval") / "prompts.json").read_text())["reworded_pairs"]]
+    return [tuple(pair) for pair in json.loads((asset_dir("eval") / "prompts.json").read_text())["reworded_pairs"]]
+
+
+def reworded_originals() -> list[str]:
+    """The original questions of the reworded pairs: their answers go into the global index first."""
+    return [original for original, _ in reworded_pairs()]
 
 
 def bench_drafter(kind: str, target, draft, corpus_additions=()):
@@ -379,6 +384,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--prompt-set", choices=PROMPT_SETS, default="default",
                         help="default: built-in prompts; the others are assets/eval/prompts.json's sets (reworded: "
                         "the originals' answers are added to the suffix drafter's global index first)")
+    parser.add_argument("--limit", type=int, default=None, help="only the first N prompts of the set")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--hf-lookup", metavar="TOKENS,NGRAM", default=None,
                         help="HF prompt lookup's prompt_lookup_num_tokens,max_matching_ngram_size (default: gamma,2)")
     parser.add_argument("--gamma", type=int, default=4, help="draft tokens per round (default 4)")
@@ -410,13 +417,16 @@ def main(args) -> int:
     if any(b < 1 for b in batch_sizes) or (batch_sizes and args.drafter != "model"):
         raise SystemExit("--batch-sizes needs positive sizes and --drafter model (batched drafting uses a draft model)")
     target, draft, tokenizer = load_pair(args.pair, device=args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     prompts = default_prompts(args.drafter) if args.prompt_set == "default" else eval_prompts(args.prompt_set)
+    prompts = prompts[: args.limit]
     inputs = [chat_prompt(tokenizer, p, device=target.device) for p in prompts]
     additions = []
     if args.prompt_set == "reworded":  # the workload repeats: the originals were asked (and answered) before
         additions = [autoregressive_generate(target, chat_prompt(tokenizer, p, device=target.device),
                                              max_new_tokens=args.max_new_tokens, eos_token_id=tokenizer.eos_token_id)
-                     .row(0).tolist() for p in reworded_originals()]
+                     .row(0).tolist() for p in reworded_originals()[: args.limit]]
     hf_lookup = tuple(int(x) for x in args.hf_lookup.split(",")) if args.hf_lookup else None
     result = run_bench(
         target, draft, inputs, eos_token_id=tokenizer.eos_token_id, drafter=args.drafter,
