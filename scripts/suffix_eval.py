@@ -89,9 +89,42 @@ def curve(args, target, tokenizer) -> dict:
             "max_new_tokens": args.max_new_tokens, "rows": rows}
 
 
+def tune(args, target, tokenizer) -> dict:
+    """The suffix drafter's own knobs on the tuning prompts (input-grounded and open chat), interleaved per prompt."""
+    eos = tokenizer.eos_token_id
+    prompts = eval_prompts("tuning-input-grounded") + eval_prompts("tuning-open-chat")
+    settings = [dict(zip(("gamma", "min_prob", "spec_factor"), map(float, s.split("/")))) for s in args.settings]
+    corpus = embedded_corpus()
+    times = {"target_only": [], **{s: [] for s in args.settings}}
+    stats = {s: [] for s in args.settings}
+    for ids in (chat_prompt(tokenizer, p) for p in prompts):
+        times["target_only"].append(timed(lambda ids=ids: autoregressive_generate(
+            target, ids, max_new_tokens=args.max_new_tokens, eos_token_id=eos))[1])
+        for name, st in zip(args.settings, settings):
+            d = SuffixDrafter(corpus, min_prob=st["min_prob"], spec_factor=st["spec_factor"])
+            r, sec = timed(lambda ids=ids, d=d, g=int(st["gamma"]): speculative_generate(
+                target, d, ids, max_new_tokens=args.max_new_tokens, gamma=g, eos_token_id=eos))
+            times[name].append(sec)
+            stats[name].append(r.stats)
+    half = len(eval_prompts("tuning-input-grounded"))
+    rows = []
+    for name, st in zip(args.settings, settings):
+        row = {**st, "setting": name}
+        for part, sl in (("input_grounded", slice(0, half)), ("open_chat", slice(half, None))):
+            pooled = GenerationStats.pooled(stats[name][sl])
+            row[f"speedup_{part}"] = sum(times["target_only"][sl]) / sum(times[name][sl])
+            row[f"alpha_{part}"], row[f"tau_{part}"] = pooled.alpha, pooled.tau
+        rows.append(row)
+        print(row, flush=True)
+    return {"what": "suffix drafter settings (gamma/min_prob/spec_factor) on the tuning prompts, vs target-only",
+            "max_new_tokens": args.max_new_tokens, "rows": rows}
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("what", choices=("sweep", "curve"))
+    ap.add_argument("what", choices=("sweep", "curve", "tune"))
+    ap.add_argument("--settings", type=lambda s: s.split(","), default=["8/0.1/1", "4/0.1/1", "4/0.3/1", "8/0.3/1",
+                                                                           "8/0.5/2", "4/0.5/2"])
     ap.add_argument("--out", required=True)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--tokens", type=lambda s: [int(x) for x in s.split(",")], default=[2, 4, 6, 8, 10])
@@ -106,7 +139,7 @@ def main(argv=None) -> None:
     transformers.utils.logging.set_verbosity_error()
     target, _, tokenizer = load_embedded_pair(device="cpu")
     _hf_generate(target, chat_prompt(tokenizer, "Hello!"), 8, tokenizer.eos_token_id)  # warm-up
-    result = (sweep if args.what == "sweep" else curve)(args, target, tokenizer)
+    result = {"sweep": sweep, "curve": curve, "tune": tune}[args.what](args, target, tokenizer)
     result.update(provenance(args))
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(f"wrote {args.out}")

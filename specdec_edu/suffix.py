@@ -349,7 +349,7 @@ class SuffixDrafter:
     """
 
     def __init__(self, corpus: CorpusIndex | None = None, *, max_match: int = 24, spec_factor: float = 1.0,
-                 spec_offset: int = 0, min_prob: float = 0.1, min_corpus_match: int = 2):
+                 spec_offset: int = 0, min_prob: float = 0.3, min_corpus_match: int = 2):
         self.corpus = corpus if corpus is not None else CorpusIndex(max_match)
         self.max_match = max_match
         self.spec_factor, self.spec_offset, self.min_prob = spec_factor, spec_offset, min_prob

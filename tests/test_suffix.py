@@ -197,7 +197,7 @@ def suffix_samples(target, accept_fn=None):
     (it always finds a match, so most rounds draft), with a generator seeded 0."""
     corpus = CorpusIndex(max_match=4)
     corpus.add_many(random_docs(6, n_docs=40, length=30, vocab=8))
-    drafter = SuffixDrafter(corpus, max_match=4, min_corpus_match=1, spec_factor=2.0)
+    drafter = SuffixDrafter(corpus, max_match=4, min_corpus_match=1, spec_factor=2.0, min_prob=0.1)
     gen, samples, drafted = torch.Generator().manual_seed(0), [], 0
     for _ in range(N_SAMPLES):
         r = speculative_generate(target, drafter, PROMPT, max_new_tokens=3, gamma=2, do_sample=True, generator=gen,

@@ -101,11 +101,14 @@ def reworded_originals() -> list[str]:
     return [original for original, _ in reworded_pairs()]
 
 
-def bench_drafter(kind: str, target, draft, corpus_additions=()):
+def bench_drafter(kind: str, target, draft, corpus_additions=(), suffix_options=None):
     """The drafter object that ``kind`` names: the pair's draft model, prompt lookup, a trained feature drafter,
-    or the suffix drafter (with ``corpus_additions``, token id lists, added to its global index)."""
+    or the suffix drafter (``suffix_options``: SuffixDrafter's keyword arguments, e.g. ``min_prob``; with
+    ``corpus_additions``, token id lists, added to its global index)."""
     if kind == "suffix":
-        drafter = load_drafter("suffix", target)
+        from ..suffix import suffix_drafter_for
+
+        drafter = suffix_drafter_for(target, **(suffix_options or {}))
         for tokens in corpus_additions:
             drafter.add(tokens)
         return drafter
@@ -117,7 +120,7 @@ def bench_drafter(kind: str, target, draft, corpus_additions=()):
 
 
 def methods_for(target, draft, drafter: str, gamma: int, eos, compiled: bool = False, corpus_additions=(),
-                hf_lookup: tuple[int, int] | None = None):
+                hf_lookup: tuple[int, int] | None = None, suffix_options=None):
     """{name: fn(ids, max_new_tokens) -> (new token ids, our stats or None)}.
 
     Hugging Face has a counterpart for the draft model (assisted generation) and for prompt lookup;
@@ -144,7 +147,7 @@ def methods_for(target, draft, drafter: str, gamma: int, eos, compiled: bool = F
             return _hf_generate(target, ids, n, eos, assistant_model=draft), None
         return run
 
-    ours = bench_drafter(drafter, target, draft, corpus_additions)
+    ours = bench_drafter(drafter, target, draft, corpus_additions, suffix_options)
     methods = {"target_only": ours_target(compiled), "hf_target_only": lambda ids, n: (_hf_generate(target, ids, n, eos), None)}
     methods["speculative"] = ours_spec(ours, compiled)
     if compiled:
@@ -185,17 +188,19 @@ def method_result(name: str, repeats: list[list]) -> MethodResult:
 
 
 def run_bench(target, draft, inputs, *, eos_token_id=None, drafter="model", gamma=4, max_new_tokens=64, repeats=3,
-              progress=True, compile=None, corpus_additions=(), hf_lookup=None):
+              progress=True, compile=None, corpus_additions=(), hf_lookup=None, suffix_options=None):
     """Run every method on every prompt (``inputs``: list of ``[1, n]`` ids), interleaved.
 
     ``compile``: our methods' path, as in ``speculative_generate`` (``None``: compiled on CUDA only).
-    ``corpus_additions`` / ``hf_lookup``: for the suffix drafter, see :func:`methods_for`.
+    ``corpus_additions`` / ``hf_lookup`` / ``suffix_options``: for the suffix drafter, see :func:`methods_for` and
+    :func:`bench_drafter`.
     Returns the result dictionary (tokens/s per method, α, τ, c, predictions, profile).
     """
     if drafter not in DRAFTERS:
         raise ValueError(f"drafter={drafter!r}: use one of {', '.join(map(repr, DRAFTERS))}")
     compiled = resolve_compile(compile, target.device, None)
-    methods = methods_for(target, draft, drafter, gamma, eos_token_id, compiled, corpus_additions, hf_lookup)
+    methods = methods_for(target, draft, drafter, gamma, eos_token_id, compiled, corpus_additions, hf_lookup,
+                          suffix_options)
     for fn in methods.values():  # warm-up: first calls pay for allocations, lazy init and compiling (8 tokens are enough)
         fn(inputs[0], 8)
 
@@ -210,6 +215,7 @@ def run_bench(target, draft, inputs, *, eos_token_id=None, drafter="model", gamm
         out["hf_prompt_lookup_setting"] = dict(zip(("prompt_lookup_num_tokens", "max_matching_ngram_size"),
                                                    hf_lookup or (gamma, 2)))
         out["speculative_vs_prompt_lookup"] = out["tok_s"]["speculative"] / out["tok_s"]["prompt_lookup"]
+        out["suffix_options"] = suffix_options or {}
     return out
 
 
@@ -384,6 +390,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--prompt-set", choices=PROMPT_SETS, default="default",
                         help="default: built-in prompts; the others are assets/eval/prompts.json's sets (reworded: "
                         "the originals' answers are added to the suffix drafter's global index first)")
+    parser.add_argument("--suffix-min-prob", type=float, default=None, help="suffix drafter's τ (default 0.1)")
+    parser.add_argument("--suffix-spec-factor", type=float, default=None, help="suffix drafter's budget per matched token")
     parser.add_argument("--limit", type=int, default=None, help="only the first N prompts of the set")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--hf-lookup", metavar="TOKENS,NGRAM", default=None,
@@ -432,6 +440,8 @@ def main(args) -> int:
         target, draft, inputs, eos_token_id=tokenizer.eos_token_id, drafter=args.drafter,
         gamma=args.gamma, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
         compile={"auto": None, "on": True, "off": False}[args.compile], corpus_additions=additions, hf_lookup=hf_lookup,
+        suffix_options={k: v for k, v in (("min_prob", args.suffix_min_prob), ("spec_factor", args.suffix_spec_factor))
+                        if v is not None},
     )
     result["pair"] = args.pair
     result["prompt_set"] = args.prompt_set
