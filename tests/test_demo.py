@@ -31,7 +31,7 @@ def run_tiny(tiny_pair, tokenizer, **overrides):
 
 def test_demo_on_tiny_models_prints_marked_text_and_summary(tiny_pair, char_tokenizer):
     reports, text = run_tiny(tiny_pair, char_tokenizer, prompt="abcabcabc")
-    assert [r.drafter for r in reports] == ["model", "prompt-lookup"]
+    assert [r.drafter for r in reports] == ["model", "prompt-lookup", "suffix"]
     for row in SUMMARY_ROWS:
         assert row in text
     assert "legend:" in text and "[draft token accepted]" in text
@@ -108,9 +108,11 @@ def test_cli_parses_demo_flags():
     assert settings.temperature == 0.7 and settings.drafters == ("prompt-lookup",)
     assert not settings.color
     assert demo.settings_from_args(build_parser().parse_args(["demo"]), io.StringIO()).drafters == (
+        "model", "prompt-lookup", "suffix")
+    assert demo.settings_from_args(build_parser().parse_args(["demo", "--drafter", "both"]), io.StringIO()).drafters == (
         "model", "prompt-lookup")
     assert demo.settings_from_args(build_parser().parse_args(["demo", "--drafter", "all"]), io.StringIO()).drafters == (
-        "model", "eagle", "prompt-lookup")
+        "model", "eagle", "prompt-lookup", "suffix")
 
 
 def test_cli_requires_a_command(capsys):
@@ -126,4 +128,4 @@ def test_real_demo_on_the_embedded_pair(capsys):
     for row in SUMMARY_ROWS:
         assert row in text
     assert "NO, from token" not in text
-    assert "prompt lookup" in text
+    assert "prompt lookup" in text and "suffix (no model)" in text

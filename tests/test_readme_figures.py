@@ -134,6 +134,20 @@ def batched(batch: int, key: str):
 
 
 NUM = r"([\d.,]+)"
+SUFFIX_BENCH = {key: f"suffix_bench_{key}_cpu.json" for key in ("input_grounded", "open_chat", "reworded")}
+SUFFIX_BUDGET, SUFFIX_CURVE = "suffix_budget_cpu.json", "suffix_corpus_curve_cpu.json"
+
+
+def suffix_default(name: str) -> Callable[[], float]:
+    """A default of ``SuffixDrafter`` (a setting chosen on the tuning prompts, quoted by the README)."""
+    def read():
+        import inspect
+
+        from specdec_edu.suffix import SuffixDrafter
+
+        return inspect.signature(SuffixDrafter).parameters[name].default
+    return read
+
 
 # (the README's phrase, one regex group per figure; the source of each figure, in order)
 FIGURES: list[tuple[str, list]] = [
@@ -243,6 +257,26 @@ FIGURES: list[tuple[str, list]] = [
     (rf"prompt lookup on input-grounded prompts ran at \*\*{NUM}×\*\*\. The Python loop itself is ≈ {NUM} % of a round",
      [js(LOOKUP, "speedup"), round_overhead]),
     (rf"it loses at every size: {NUM}× / {NUM}× / {NUM}× at batch 1 / 4 / 16", [batched(b, "speedup") for b in (1, 4, 16)]),
+    # The suffix drafter
+    (rf"below τ = `min_prob` \({NUM}, chosen on the tuning prompts", [suffix_default("min_prob")]),
+    (rf"the index over a million tokens holds {NUM} MB and builds in {NUM} s; one more answer is added in {NUM} ms\. "
+     rf"One `propose` takes {NUM} µs at the median on contexts the corpus holds, against a {NUM} ms target step: c = {NUM}\.",
+     [js(SUFFIX_BUDGET, "index_mb"), js(SUFFIX_BUDGET, "build_s"), js(SUFFIX_BUDGET, "add_one_answer_ms"),
+      js(SUFFIX_BUDGET, "propose_us_median_seen"), js(SUFFIX_BUDGET, "target_step_ms"),
+      js(SUFFIX_BUDGET, "c_propose_median")]),
+    *[(rf"\| {label} \(\d+\) \| {NUM} \| \*\*{NUM}×\*\* \| {NUM}× \| {NUM}× \| {NUM} \| {NUM} \| {NUM} \| {NUM} \| {NUM} \|",
+       [tok_s(SUFFIX_BENCH[key], "target_only"), vs_target(SUFFIX_BENCH[key], "speculative"),
+        vs_target(SUFFIX_BENCH[key], "prompt_lookup"), vs_target(SUFFIX_BENCH[key], "hf_prompt_lookup"),
+        js(SUFFIX_BENCH[key], "speculative_vs_hf_prompt_lookup"), js(SUFFIX_BENCH[key], "alpha"),
+        js(SUFFIX_BENCH[key], "tau"), js(SUFFIX_BENCH[key], "c"), js(SUFFIX_BENCH[key], "verify_cost")])
+      for key, label in [("input_grounded", "input-grounded"), ("open_chat", "open chat"),
+                         ("reworded", "reworded, originals answered first")]],
+    (rf"at the measured α predicts {NUM}× \(input-grounded\), {NUM}× \(open chat\), {NUM}× \(reworded\)",
+     [js(SUFFIX_BENCH[key], "predicted_speedup_measured_verify") for key in ("input_grounded", "open_chat", "reworded")]),
+    (rf"from α {NUM} with the request alone to {NUM} with all of it\. The speedup stayed at {NUM}× with all of it",
+     [js(SUFFIX_CURVE, "rows", 0, "alpha"), js(SUFFIX_CURVE, "rows", -1, "alpha"), js(SUFFIX_CURVE, "rows", -1, "speedup")]),
+    (rf"barely moved α: reworded α {NUM}, open chat {NUM}\.",
+     [js(SUFFIX_BENCH["reworded"], "alpha"), js(SUFFIX_BENCH["open_chat"], "alpha")]),
 ]
 
 # Sections whose every measured figure must be one of the FIGURES, and the numbers there that are not measurements.
@@ -250,6 +284,7 @@ CHECKED_SECTIONS = ["The course", "The embedded model pair", "Measured on this m
 NOT_FIGURES = [
     r"\d+(?:\.\d+)?[BM]\b", r"Qwen2\.5", r"SmolLM2-[\d.]+", r"torch 2\.13", r"transformers 5\.24",  # names, versions
     r"T = 0\.7", r"α ≈ 1, 0\.8, 0\.6, 0\.4", r"\| 0\.8 \|", r"1\.5×",  # settings and goals
+    r"input-grounded 1\.3× HF's prompt lookup, open chat 1\.15× target-only",  # the suffix drafter's goals
     r"p\(x\) = 0\.25, q\(x\) = 0\.5",  # a screenshot's slider values
     r"over 1 GiB",  # the size of gpu_check's read-bandwidth buffer, a setting
     r"compute capability ≥ 8\.0", r"dial drafter at α = 0\.8", r"the 3\.7 GB download",  # a rule, a setting, a size

@@ -8,9 +8,11 @@ produce the same tokens (checked).
 
 from __future__ import annotations
 
+import datetime
 import json
 import platform
 import statistics
+import sys
 from dataclasses import dataclass, field
 
 import torch
@@ -67,11 +69,49 @@ def configure_hf_assistant(draft, gamma: int | None):
         cfg.num_assistant_tokens, cfg.num_assistant_tokens_schedule, cfg.assistant_confidence_threshold = gamma, "constant", 0.0
 
 
-DRAFTERS = ("model", "prompt-lookup", "eagle", "medusa", "prompt-lookup+eagle")
+DRAFTERS = ("model", "prompt-lookup", "eagle", "medusa", "prompt-lookup+eagle", "suffix")
+
+#: Named prompt sets. "default": the built-in prompts above (chat for a model, grounded for prompt lookup). The others
+#: come from assets/eval/prompts.json, the suffix drafter's evaluation set (committed before tuning; its README
+#: says how it was made): "reworded" asks the reworded questions after the originals' answers joined the global index.
+PROMPT_SETS = ("default", "open-chat", "input-grounded", "reworded", "tuning-input-grounded", "tuning-open-chat")
 
 
-def bench_drafter(kind: str, target, draft):
-    """The drafter object that ``kind`` names: the pair's draft model, prompt lookup, or a trained feature drafter."""
+def eval_prompts(name: str) -> list[str]:
+    """The prompts of the named set of ``assets/eval/prompts.json`` (``reworded``: the reworded questions)."""
+    from ..models.feature_drafters import asset_dir
+
+    if name == "reworded":
+        return [reworded for _, reworded in reworded_pairs()]
+    sets = json.loads((asset_dir("eval") / "prompts.json").read_text())
+    if name.startswith("tuning-"):
+        return sets["tuning"][name.removeprefix("tuning-").replace("-", "_")]
+    return sets[name.replace("-", "_")]
+
+
+def reworded_pairs() -> list[tuple[str, str]]:
+    """(original question, the same question reworded), from ``assets/eval/prompts.json``."""
+    from ..models.feature_drafters import asset_dir
+
+    return [tuple(pair) for pair in json.loads((asset_dir("eval") / "prompts.json").read_text())["reworded_pairs"]]
+
+
+def reworded_originals() -> list[str]:
+    """The original questions of the reworded pairs: their answers go into the global index first."""
+    return [original for original, _ in reworded_pairs()]
+
+
+def bench_drafter(kind: str, target, draft, corpus_additions=(), suffix_options=None):
+    """The drafter object that ``kind`` names: the pair's draft model, prompt lookup, a trained feature drafter,
+    or the suffix drafter (``suffix_options``: SuffixDrafter's keyword arguments, e.g. ``min_prob``; with
+    ``corpus_additions``, token id lists, added to its global index)."""
+    if kind == "suffix":
+        from ..suffix import suffix_drafter_for
+
+        drafter = suffix_drafter_for(target, **(suffix_options or {}))
+        for tokens in corpus_additions:
+            drafter.add(tokens)
+        return drafter
     if kind == "model":
         return draft
     if kind == "prompt-lookup":
@@ -79,11 +119,14 @@ def bench_drafter(kind: str, target, draft):
     return load_drafter(kind, target)
 
 
-def methods_for(target, draft, drafter: str, gamma: int, eos, compiled: bool = False):
+def methods_for(target, draft, drafter: str, gamma: int, eos, compiled: bool = False, corpus_additions=(),
+                hf_lookup: tuple[int, int] | None = None, suffix_options=None):
     """{name: fn(ids, max_new_tokens) -> (new token ids, our stats or None)}.
 
     Hugging Face has a counterpart for the draft model (assisted generation) and for prompt lookup;
-    for EAGLE / Medusa we compare with target-only decoding only. ``compiled``: our two methods run
+    for EAGLE / Medusa we compare with target-only decoding only. The suffix drafter runs beside our prompt lookup
+    and HF's, the latter with ``hf_lookup`` = (prompt_lookup_num_tokens, max_matching_ngram_size) (default (γ, 2)),
+    e.g. the best setting of a sweep on the tuning prompts. ``compiled``: our two methods run
     compiled, and their eager twins (``*_eager``) run beside them, so that one run says what compiling
     changes here (Hugging Face's loops run eager)."""
     def ours_target(compile):
@@ -104,7 +147,7 @@ def methods_for(target, draft, drafter: str, gamma: int, eos, compiled: bool = F
             return _hf_generate(target, ids, n, eos, assistant_model=draft), None
         return run
 
-    ours = bench_drafter(drafter, target, draft)
+    ours = bench_drafter(drafter, target, draft, corpus_additions, suffix_options)
     methods = {"target_only": ours_target(compiled), "hf_target_only": lambda ids, n: (_hf_generate(target, ids, n, eos), None)}
     methods["speculative"] = ours_spec(ours, compiled)
     if compiled:
@@ -112,8 +155,12 @@ def methods_for(target, draft, drafter: str, gamma: int, eos, compiled: bool = F
     if drafter == "model":
         methods["hf_assisted"] = hf_assisted(gamma)
         methods["hf_assisted_default"] = hf_assisted(None)
-    elif drafter == "prompt-lookup":
-        methods["hf_prompt_lookup"] = lambda ids, n: (_hf_generate(target, ids, n, eos, prompt_lookup_num_tokens=gamma), None)
+    elif drafter in ("prompt-lookup", "suffix"):
+        tokens, ngram = hf_lookup or (gamma, 2)
+        methods["hf_prompt_lookup"] = lambda ids, n: (_hf_generate(target, ids, n, eos, prompt_lookup_num_tokens=tokens,
+                                                                   max_matching_ngram_size=ngram), None)
+    if drafter == "suffix":
+        methods["prompt_lookup"] = ours_spec(PromptLookupDrafter(), compiled)
     return methods
 
 
@@ -141,16 +188,19 @@ def method_result(name: str, repeats: list[list]) -> MethodResult:
 
 
 def run_bench(target, draft, inputs, *, eos_token_id=None, drafter="model", gamma=4, max_new_tokens=64, repeats=3,
-              progress=True, compile=None):
+              progress=True, compile=None, corpus_additions=(), hf_lookup=None, suffix_options=None):
     """Run every method on every prompt (``inputs``: list of ``[1, n]`` ids), interleaved.
 
     ``compile``: our methods' path, as in ``speculative_generate`` (``None``: compiled on CUDA only).
+    ``corpus_additions`` / ``hf_lookup`` / ``suffix_options``: for the suffix drafter, see :func:`methods_for` and
+    :func:`bench_drafter`.
     Returns the result dictionary (tokens/s per method, α, τ, c, predictions, profile).
     """
     if drafter not in DRAFTERS:
         raise ValueError(f"drafter={drafter!r}: use one of {', '.join(map(repr, DRAFTERS))}")
     compiled = resolve_compile(compile, target.device, None)
-    methods = methods_for(target, draft, drafter, gamma, eos_token_id, compiled)
+    methods = methods_for(target, draft, drafter, gamma, eos_token_id, compiled, corpus_additions, hf_lookup,
+                          suffix_options)
     for fn in methods.values():  # warm-up: first calls pay for allocations, lazy init and compiling (8 tokens are enough)
         fn(inputs[0], 8)
 
@@ -160,7 +210,13 @@ def run_bench(target, draft, inputs, *, eos_token_id=None, drafter="model", gamm
     runs = interleaved_benchmark({name: every_prompt(fn) for name, fn in methods.items()}, repeats=repeats, warmup=0,
                                  progress=progress)
     results = {name: method_result(name, reps) for name, reps in runs.items()}
-    return summarise(target, draft, results, drafter, gamma, inputs, compiled)
+    out = summarise(target, draft, results, drafter, gamma, inputs, compiled)
+    if drafter == "suffix":
+        out["hf_prompt_lookup_setting"] = dict(zip(("prompt_lookup_num_tokens", "max_matching_ngram_size"),
+                                                   hf_lookup or (gamma, 2)))
+        out["speculative_vs_prompt_lookup"] = out["tok_s"]["speculative"] / out["tok_s"]["prompt_lookup"]
+        out["suffix_options"] = suffix_options or {}
+    return out
 
 
 def left_padded_batch(tokenizer, prompts: list[str], batch_size: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -329,7 +385,17 @@ def add_arguments(parser) -> None:
     parser.add_argument("--pair", default="embedded", help="'embedded' (default, offline) or a hub pair: smollm2, qwen2.5")
     parser.add_argument("--drafter", choices=DRAFTERS, default="model",
                         help="model: the pair's draft model; eagle / medusa: trained feature drafters (assets/); "
-                        "prompt-lookup+eagle: lookup where the context repeats itself, EAGLE elsewhere")
+                        "prompt-lookup+eagle: lookup where the context repeats itself, EAGLE elsewhere; suffix: suffix "
+                        "decoding over the request and the target's earlier answers (assets/feature_data)")
+    parser.add_argument("--prompt-set", choices=PROMPT_SETS, default="default",
+                        help="default: built-in prompts; the others are assets/eval/prompts.json's sets (reworded: "
+                        "the originals' answers are added to the suffix drafter's global index first)")
+    parser.add_argument("--suffix-min-prob", type=float, default=None, help="suffix drafter's τ (default 0.1)")
+    parser.add_argument("--suffix-spec-factor", type=float, default=None, help="suffix drafter's budget per matched token")
+    parser.add_argument("--limit", type=int, default=None, help="only the first N prompts of the set")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--hf-lookup", metavar="TOKENS,NGRAM", default=None,
+                        help="HF prompt lookup's prompt_lookup_num_tokens,max_matching_ngram_size (default: gamma,2)")
     parser.add_argument("--gamma", type=int, default=4, help="draft tokens per round (default 4)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats; medians are reported")
@@ -359,13 +425,28 @@ def main(args) -> int:
     if any(b < 1 for b in batch_sizes) or (batch_sizes and args.drafter != "model"):
         raise SystemExit("--batch-sizes needs positive sizes and --drafter model (batched drafting uses a draft model)")
     target, draft, tokenizer = load_pair(args.pair, device=args.device)
-    inputs = [chat_prompt(tokenizer, p, device=target.device) for p in default_prompts(args.drafter)]
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    prompts = default_prompts(args.drafter) if args.prompt_set == "default" else eval_prompts(args.prompt_set)
+    prompts = prompts[: args.limit]
+    inputs = [chat_prompt(tokenizer, p, device=target.device) for p in prompts]
+    additions = []
+    if args.prompt_set == "reworded":  # the workload repeats: the originals were asked (and answered) before
+        additions = [autoregressive_generate(target, chat_prompt(tokenizer, p, device=target.device),
+                                             max_new_tokens=args.max_new_tokens, eos_token_id=tokenizer.eos_token_id)
+                     .row(0).tolist() for p in reworded_originals()[: args.limit]]
+    hf_lookup = tuple(int(x) for x in args.hf_lookup.split(",")) if args.hf_lookup else None
     result = run_bench(
         target, draft, inputs, eos_token_id=tokenizer.eos_token_id, drafter=args.drafter,
         gamma=args.gamma, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
-        compile={"auto": None, "on": True, "off": False}[args.compile],
+        compile={"auto": None, "on": True, "off": False}[args.compile], corpus_additions=additions, hf_lookup=hf_lookup,
+        suffix_options={k: v for k, v in (("min_prob", args.suffix_min_prob), ("spec_factor", args.suffix_spec_factor))
+                        if v is not None},
     )
     result["pair"] = args.pair
+    result["prompt_set"] = args.prompt_set
+    result["command"] = "python -m specdec_edu bench " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:])
+    result["date"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     print(format_table(result))
     if batch_sizes:
         result["batched"] = run_batch_sweep(target, draft, tokenizer, batch_sizes, gamma=args.gamma,

@@ -23,12 +23,15 @@ What the demo does, step by step:
    one draft token relative to one target decoding step) and the predicted speedup
    ``(1 − α^(γ+1)) / ((1 − α)(γc + 1))``.
 
-Two drafters are compared by default:
+Three drafters are compared by default:
 
 * **model**: the tiny standalone draft model; a general-purpose guesser, asked an open question.
 * **prompt lookup**: no model at all; it proposes the tokens that followed the last
   occurrence of the current n-gram earlier in the context. It shines when the answer
   copies from the input, so by default it gets a "rewrite this paragraph" prompt.
+* **suffix**: no model either (:mod:`specdec_edu.suffix`): the longest match of the context's
+  end in the request *or* in the target's own earlier answers (``assets/feature_data``), extended
+  by the most frequent continuation. It gets the open question, where prompt lookup finds little.
 
 ``--drafter eagle`` / ``medusa`` / ``all`` add the feature drafters (``assets/eagle/``, ``assets/medusa/``,
 trained by ``scripts/train_feature_drafters.py``; not yet faster than the target on this CPU).
@@ -51,8 +54,9 @@ import torch
 from ..course.viz import ANSI, ANSI_RESET, legend, mark_tokens, token_pieces  # noqa: F401 (ANSI*: re-exported for tests)
 
 DRAFTER_LABELS = {"model": "model draft", "eagle": "EAGLE (features)", "medusa": "Medusa (features)",
-                  "prompt-lookup": "prompt lookup"}
-DRAFTER_SETS = {"all": ("model", "eagle", "prompt-lookup"), "both": ("model", "prompt-lookup")}
+                  "prompt-lookup": "prompt lookup", "suffix": "suffix (no model)"}
+DRAFTER_SETS = {"all": ("model", "eagle", "prompt-lookup", "suffix"), "three": ("model", "prompt-lookup", "suffix"),
+                "both": ("model", "prompt-lookup")}
 
 #: The model draft's default prompt: an open question, not one of the draft's training prompts.
 DEFAULT_OPEN_PROMPT = "Why do cats purr, and what does it mean when they do? Answer in a short paragraph."
@@ -79,7 +83,7 @@ class DemoSettings:
     sample: bool = False
     temperature: float = 1.0
     seed: int = 0
-    drafters: tuple[str, ...] = ("model", "prompt-lookup")
+    drafters: tuple[str, ...] = ("model", "prompt-lookup", "suffix")
     color: bool = False
     repeats: int = 2
 
@@ -106,10 +110,10 @@ class DrafterReport:
 # Running the two decoders
 # --------------------------------------------------------------------------------------
 def make_drafter(kind: str, draft_model, target=None):
-    """Build the drafter object for ``kind`` ("model", "eagle", "medusa" or "prompt-lookup")."""
+    """Build the drafter object for ``kind`` ("model", "eagle", "medusa", "prompt-lookup" or "suffix")."""
     from .. import ModelDrafter, PromptLookupDrafter, load_drafter
 
-    if kind in ("eagle", "medusa"):
+    if kind in ("eagle", "medusa", "suffix"):
         return load_drafter(kind, target)
     if kind == "model":
         if draft_model is None:
@@ -346,8 +350,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "then different draws from the same distribution")
     parser.add_argument("--temperature", type=float, default=1.0, help="with --sample")
     parser.add_argument("--seed", type=int, default=0, help="with --sample")
-    parser.add_argument("--drafter", choices=["model", "eagle", "medusa", "prompt-lookup", "both", "all"], default="both",
-                        help="both: model and prompt-lookup (default); all: model, eagle and prompt-lookup")
+    parser.add_argument("--drafter", choices=["model", "eagle", "medusa", "prompt-lookup", "suffix", "both", "three", "all"],
+                        default="three", help="three: model, prompt-lookup and suffix (default); both: model and "
+                        "prompt-lookup; all: model, eagle, prompt-lookup and suffix")
     parser.add_argument("--repeats", type=int, default=2,
                         help="timed runs per decoder; the fastest counts (default 2)")
     parser.add_argument("--device", default=None, help="cuda, mps or cpu (default: best available)")

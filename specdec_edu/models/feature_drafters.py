@@ -51,7 +51,7 @@ from ..drafters import LookupThenDrafter, ModelDrafter, PromptLookupDrafter, dra
 
 __all__ = ["MedusaDrafter", "EagleDrafter", "load_drafter", "DRAFTER_NAMES", "TRAIN_COMMAND"]
 
-DRAFTER_NAMES = ("draft", "medusa", "eagle", "prompt-lookup")
+DRAFTER_NAMES = ("draft", "medusa", "eagle", "prompt-lookup", "suffix")
 TRAIN_COMMAND = "python scripts/train_feature_drafters.py"
 
 
@@ -440,6 +440,8 @@ def load_drafter(name: str, target: nn.Module, path=None):
     ``"draft"``: the embedded draft model (``assets/draft/``); ``"prompt-lookup"``: n-gram
     lookup, no weights; ``"medusa"`` / ``"eagle"``: trained feature drafters from ``path``
     (default ``assets/medusa/``, ``assets/eagle/``; written by ``scripts/train_feature_drafters.py``).
+    ``"suffix"``: suffix decoding over the request and the target's earlier answers (``path``: the folder of
+    ``answers_*.npz`` shards, default ``assets/feature_data``; :mod:`specdec_edu.suffix`).
     ``"prompt-lookup+eagle"`` (or ``+medusa``, ``+draft``): lookup where the context repeats itself,
     the named drafter elsewhere (:class:`~specdec_edu.drafters.LookupThenDrafter`).
     """
@@ -447,6 +449,10 @@ def load_drafter(name: str, target: nn.Module, path=None):
         return LookupThenDrafter(load_drafter(name.removeprefix("prompt-lookup+"), target, path))
     if name == "prompt-lookup":
         return PromptLookupDrafter()
+    if name == "suffix":
+        from ..suffix import suffix_drafter_for  # lazy: suffix.py reads asset_dir from this module
+
+        return suffix_drafter_for(target, path)
     if name == "draft":
         from .embedded import load_embedded_draft  # lazy: loads weights from assets/
 

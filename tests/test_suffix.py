@@ -1,0 +1,294 @@
+"""The suffix drafter (specdec_edu.suffix): its two indexes against brute force, online add, save/load, the
+draft's adaptive length, exactness (greedy identity; sampled χ² with a negative control), the bench and the
+evaluation set's separation from the corpus. No timing assertions: budgets are measured by
+scripts/suffix_budget.py."""
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from test_sequence_exactness import CONTROL_SETTINGS, N_SAMPLES, PROMPT, THRESHOLD, exact_distribution, pvalue
+
+from specdec_edu import autoregressive_generate, load_drafter, speculative_generate
+from specdec_edu.course.controls import accept_always
+from specdec_edu.suffix import (
+    SEPARATOR,
+    CorpusIndex,
+    RequestIndex,
+    SuffixDrafter,
+    corpus_answers,
+    greedy_continuation,
+    reversed_suffix_array,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def random_docs(seed: int, n_docs: int, length: int, vocab: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, vocab, rng.integers(1, length)).astype(np.int32) for _ in range(n_docs)]
+
+
+def brute_ends(docs, pattern) -> list[int]:
+    """Positions in the separator-joined stream where ``pattern`` ends, by scanning."""
+    stream = np.concatenate([np.append(d, SEPARATOR) for d in docs])
+    m = len(pattern)
+    return [i + m - 1 for i in range(len(stream) - m + 1) if list(stream[i: i + m]) == list(pattern)]
+
+
+def brute_longest(docs, context, max_match) -> int:
+    return max([m for m in range(1, min(max_match, len(context)) + 1) if brute_ends(docs, context[-m:])], default=0)
+
+
+# ---- the corpus index: a suffix array of the reversed stream --------------------------------------
+
+
+def test_reversed_suffix_array_sorts_reversed_prefixes_to_the_depth():
+    tokens = np.array([3, 1, 3, 1, 2, SEPARATOR, 3, 1, 3], dtype=np.int32)
+    depth = 4
+    sa = reversed_suffix_array(tokens, depth)
+    rev = list(tokens[::-1] + 1) + [0] * depth  # the order the array uses: separator and past-the-end as 0
+    keys = [rev[i: i + depth] for i in sa]
+    assert sorted(sa.tolist()) == list(range(len(tokens))) and keys == sorted(keys)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_longest_match_and_counts_agree_with_brute_force(seed):
+    docs = random_docs(seed, n_docs=30, length=40, vocab=4)
+    index = CorpusIndex(max_match=6, max_occurrences=10**6)
+    index.add_many(docs)
+    rng = np.random.default_rng(100 + seed)
+    for _ in range(20):
+        context = rng.integers(0, 4, 8).tolist()
+        m, ends = index.longest_match(context)
+        assert m == brute_longest(docs, context, 6)
+        if m:
+            assert sorted(ends.tolist()) == brute_ends(docs, context[-m:])
+        pattern = context[-3:]
+        assert index.count(pattern) == len(brute_ends(docs, pattern))
+    assert index.count([7]) == 0  # a token the corpus never saw
+
+
+def test_add_extends_the_index_online_in_merged_chunks():
+    """Adding documents one by one gives the same answers as indexing them at once, with O(log N) chunks:
+    a new document is its own small chunk, merged with its neighbour only when they are of similar size."""
+    docs = random_docs(3, n_docs=64, length=30, vocab=5)
+    online, batch = CorpusIndex(max_match=5), CorpusIndex(max_match=5)
+    batch.add_many(docs)
+    for d in docs:
+        online.add(d)
+    assert len(online.chunks) <= 2 * np.log2(online.size) and np.array_equal(online.tokens, batch.tokens)
+    for context in ([0, 1, 2], [4, 4], [1, 0, 3, 2, 2]):
+        (m1, e1), (m2, e2) = online.longest_match(context), batch.longest_match(context)
+        assert m1 == m2 and sorted(e1.tolist()) == sorted(e2.tolist())
+    sizes = [len(c) for c in online.chunks]
+    assert all(2 * b < a for a, b in zip(sizes, sizes[1:]))  # the log-structured invariant: sizes at least halve
+
+
+def test_save_and_load_round_trip(tmp_path):
+    index = CorpusIndex(max_match=5)
+    for d in random_docs(4, n_docs=20, length=30, vocab=5):
+        index.add(d)
+    index.save(tmp_path / "index.npz")
+    loaded = CorpusIndex.load(tmp_path / "index.npz")
+    assert np.array_equal(loaded.tokens, index.tokens) and loaded.max_match == index.max_match
+    assert [(c.start, c.stop) for c in loaded.chunks] == [(c.start, c.stop) for c in index.chunks]
+    for context in ([0, 1], [2, 3, 4, 0], [1]):
+        (m1, e1), (m2, e2) = loaded.longest_match(context), index.longest_match(context)
+        assert m1 == m2 and np.array_equal(e1, e2)
+    loaded.add([1, 2, 3])  # a loaded index keeps growing
+    assert loaded.count([1, 2, 3]) == index.count([1, 2, 3]) + 1
+
+
+def test_negative_ids_are_refused():
+    with pytest.raises(ValueError, match="separators"):
+        CorpusIndex().add([1, -1, 2])
+
+
+# ---- the request index: n-grams of the prompt and the output ----------------------------------------
+
+
+def test_request_index_matches_the_longest_earlier_suffix():
+    index = RequestIndex(max_match=4)
+    index.extend([1, 2, 3, 9, 1, 2, 3, 7, 1, 2])
+    m, ends = index.longest_match()  # "1 2" occurred, ending at 1 and 5 ("3 7 1 2" / "7 1 2" did not)
+    assert m == 2 and ends.tolist() == [1, 5]
+    index.extend([3])
+    assert index.longest_match()[0] == 3 and index.longest_match()[1].tolist() == [2, 6]
+    assert RequestIndex(4).longest_match()[0] == 0
+
+
+def test_request_index_update_costs_o_new_tokens():
+    """Extending by k tokens makes k · max_match dict updates, whatever was indexed before."""
+    class Counting(dict):
+        calls = 0
+
+        def setdefault(self, key, default=None):
+            Counting.calls += 1
+            return super().setdefault(key, default)
+
+    index = RequestIndex(max_match=5)
+    index.extend(list(range(1000)))
+    index.grams = Counting(index.grams)
+    index.extend([1, 2, 3])
+    assert Counting.calls == 3 * 5
+
+
+# ---- the draft: most frequent continuation, adaptive length ------------------------------------------
+
+
+def test_greedy_continuation_follows_the_majority_and_stops_below_min_prob():
+    tokens = np.array([1, 2, 3, SEPARATOR, 1, 2, 3, SEPARATOR, 1, 2, 4, 5, SEPARATOR], dtype=np.int32)
+    ends = np.array([0, 4, 8])  # "1" ended at these positions
+    assert greedy_continuation(tokens, ends, budget=5, min_prob=0.1) == ([2, 3], [1.0, 2 / 3])
+    assert greedy_continuation(tokens, ends, budget=5, min_prob=0.9) == ([2], [1.0])  # 2/3 < 0.9: stop before 3
+    assert greedy_continuation(tokens, ends, budget=1, min_prob=0.1)[0] == [2]
+    # a tie goes to the most recent occurrence, as prompt lookup chooses
+    assert greedy_continuation(np.array([5, 1, 5, 2], dtype=np.int32), np.array([0, 2]), 1, 0.1)[0] == [2]
+
+
+def test_drafter_budget_grows_with_the_match_and_q_is_one_hot():
+    corpus = CorpusIndex(max_match=8)
+    corpus.add([10, 11, 12, 13, 14, 15, 16, 17, 18, 19])
+    drafter = SuffixDrafter(corpus, max_match=8, spec_factor=1.0, min_corpus_match=1)
+    tokens, q = drafter.propose(torch.tensor([7, 10]), gamma=8)  # m = 1: budget 1
+    assert tokens.tolist() == [11] and drafter.last["source"] == "corpus"
+    tokens, q = drafter.propose(torch.tensor([7, 10, 11, 12]), gamma=8)  # m = 3: budget 3
+    assert tokens.tolist() == [13, 14, 15]
+    assert q.shape == (3, 16) and torch.equal(q, torch.nn.functional.one_hot(tokens, 16).float())
+    assert len(drafter.propose(torch.tensor([7, 10, 11, 12]), gamma=2)[0]) == 2  # never more than γ
+    assert len(drafter.propose(torch.tensor([3, 4]), gamma=8)[0]) == 0  # no match: no draft, a plain target step
+    assert drafter.rounds == {"request": 0, "corpus": 3, "none": 1}
+
+
+def test_drafter_uses_the_request_and_reindexes_an_unrelated_context():
+    drafter = SuffixDrafter(spec_factor=2.0)  # no corpus: prompt lookup's territory
+    tokens, _ = drafter.propose(torch.tensor([1, 2, 3, 4, 5, 1, 2]), gamma=4)
+    assert tokens.tolist() == [3, 4, 5, 1] and drafter.last == {"source": "request", "match": 2, "probs": [1.0] * 4}
+    tokens, _ = drafter.propose(torch.tensor([8, 9, 8]), gamma=4)  # not an extension: indexed from scratch
+    assert tokens.tolist() == [9, 8] and len(drafter.request) == 3
+
+
+# ---- exactness on tiny models -------------------------------------------------------------------------
+
+
+def test_greedy_output_is_the_targets(target):
+    """A corpus of the target's own greedy answers (high α) plus random text (rejections): token for token."""
+    prompts = [torch.tensor([[1, 2, 3]]), torch.tensor([[9, 8, 7, 6, 9, 8]]), torch.tensor([[5, 5, 5]])]
+    corpus = CorpusIndex(max_match=8)
+    corpus.add_many(random_docs(5, n_docs=20, length=40, vocab=64))
+    for ids in prompts[:2]:  # answers to earlier requests: the reworded-workload situation
+        corpus.add(autoregressive_generate(target, ids, max_new_tokens=30).row(0))
+    drafter = SuffixDrafter(corpus, max_match=8, min_corpus_match=1)
+    for ids in prompts:
+        expected = autoregressive_generate(target, ids, max_new_tokens=30).row(0)
+        for gamma in (1, 4, 8):
+            result = speculative_generate(target, drafter, ids, max_new_tokens=30, gamma=gamma)
+            assert torch.equal(result.row(0), expected)
+        assert result.stats.drafted > 0
+    assert drafter.rounds["corpus"] > 0
+
+
+def suffix_samples(target, accept_fn=None):
+    """N_SAMPLES 3-token continuations of PROMPT, drafted by a suffix drafter over a random 8-token corpus
+    (it always finds a match, so most rounds draft), with a generator seeded 0."""
+    corpus = CorpusIndex(max_match=4)
+    corpus.add_many(random_docs(6, n_docs=40, length=30, vocab=8))
+    drafter = SuffixDrafter(corpus, max_match=4, min_corpus_match=1, spec_factor=2.0, min_prob=0.1)
+    gen, samples, drafted = torch.Generator().manual_seed(0), [], 0
+    for _ in range(N_SAMPLES):
+        r = speculative_generate(target, drafter, PROMPT, max_new_tokens=3, gamma=2, do_sample=True, generator=gen,
+                                 accept_fn=accept_fn, **CONTROL_SETTINGS)
+        samples.append(tuple(r.row(0).tolist()))
+        drafted += r.stats.drafted
+    return samples, drafted
+
+
+def test_sampled_continuations_follow_the_target(small_vocab_pair):
+    """χ² over the 8^3 continuations (test_sequence_exactness's harness): N = 1,500, reject at p < 1e-3."""
+    target, _ = small_vocab_pair
+    samples, drafted = suffix_samples(target)
+    assert drafted > N_SAMPLES  # the drafter did propose: more than one draft per sample on average
+    assert pvalue(samples, exact_distribution(target, **CONTROL_SETTINGS)) > THRESHOLD
+
+
+def test_the_same_test_rejects_an_always_accept_rule(small_vocab_pair):
+    """Negative control: same drafter, sample size, seed and threshold, but every draft kept (accept_always)."""
+    target, _ = small_vocab_pair
+    samples, _ = suffix_samples(target, accept_fn=accept_always)
+    assert pvalue(samples, exact_distribution(target, **CONTROL_SETTINGS)) < THRESHOLD
+
+
+# ---- where it shows up ---------------------------------------------------------------------------------
+
+
+def test_load_drafter_suffix_and_the_vocabulary_guard(target):
+    drafter = load_drafter("suffix", target)  # a 64-token tiny model: the embedded corpus's ids mean nothing here
+    assert isinstance(drafter, SuffixDrafter) and drafter.corpus.size == 0
+    drafter.add([3, 70])
+    with pytest.raises(ValueError, match="vocabulary"):
+        speculative_generate(target, drafter, torch.tensor([[1, 2]]), max_new_tokens=4)
+
+
+def test_bench_suffix_runs_beside_both_prompt_lookups(target):
+    from specdec_edu.commands.bench import run_bench
+
+    inputs = [torch.tensor([[5, 6, 7, 5, 6, 7, 5, 6]])]
+    result = run_bench(target, None, inputs, eos_token_id=63, drafter="suffix", gamma=4, max_new_tokens=10, repeats=1,
+                       progress=False, corpus_additions=[[6, 7, 5, 6, 7]], hf_lookup=(3, 2))
+    assert set(result["tok_s"]) == {"target_only", "hf_target_only", "speculative", "prompt_lookup", "hf_prompt_lookup"}
+    assert all(result["identical_outputs"].values())
+    assert result["hf_prompt_lookup_setting"] == {"prompt_lookup_num_tokens": 3, "max_matching_ngram_size": 2}
+
+
+# ---- the evaluation set --------------------------------------------------------------------------------
+
+
+def eval_set() -> dict:
+    return json.loads((ROOT / "assets" / "eval" / "prompts.json").read_text())
+
+
+def every_eval_prompt(sets) -> list[str]:
+    return (sets["open_chat"] + sets["input_grounded"] + [q for pair in sets["reworded_pairs"] for q in pair]
+            + sets["tuning"]["input_grounded"] + sets["tuning"]["open_chat"])
+
+
+def test_eval_set_sizes_and_no_prompt_from_build_prompts():
+    sets = eval_set()
+    assert len(sets["open_chat"]) >= 20 and len(sets["input_grounded"]) >= 8 and len(sets["reworded_pairs"]) >= 8
+    assert all(len(pair) == 2 and pair[0] != pair[1] for pair in sets["reworded_pairs"])
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from draft_build.prompts import build_prompts
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    meta = json.loads((ROOT / "assets" / "feature_data" / "meta.json").read_text())
+    corpus_prompts = set(build_prompts(meta["n_prompts"], meta["seed"]))
+    assert not corpus_prompts & set(every_eval_prompt(sets))
+
+
+@pytest.mark.embedded
+def test_eval_prompts_share_no_8gram_with_the_corpus():
+    """No evaluation or tuning prompt shares 8 consecutive tokens with anything in assets/feature_data
+    (prompts, answers and documentation shards alike)."""
+    from specdec_edu.models.embedded import load_embedded_tokenizer
+
+    corpus = CorpusIndex(max_match=8)
+    corpus.add_many(np.load(shard)["tokens"].astype(np.int32)  # each shard one document (8-grams across rows too)
+                    for shard in sorted((ROOT / "assets" / "feature_data").glob("*.npz")))
+    tokenizer = load_embedded_tokenizer()
+    shared = []
+    for prompt in every_eval_prompt(eval_set()):
+        ids = tokenizer(prompt, add_special_tokens=False).input_ids
+        shared += [prompt[:40] for i in range(len(ids) - 7) if corpus.count(ids[i: i + 8])]
+    assert not shared
+
+
+def test_corpus_answers_are_the_answers_only():
+    answers = corpus_answers(ROOT / "assets" / "feature_data")
+    with np.load(ROOT / "assets" / "feature_data" / "answers_0000.npz") as f:
+        first = f["tokens"][f["prompt_lengths"][0]: f["lengths"][0]]
+    assert np.array_equal(answers[0], first) and sum(map(len, answers)) > 200_000
