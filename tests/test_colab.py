@@ -70,8 +70,6 @@ def test_notebook_opens_well_on_colab(path):
         assert 'PAIR = "embedded"' in setup, "a concept notebook runs the embedded pair on every device"
     else:
         assert "PAIR = default_pair()" in setup, "the setup cell must let Colab pick the hub pair"
-    if path.name.startswith("08_"):  # notebook 08's setup is edited separately (its lines are in issue 24's notes)
-        return
     assert "dtype_reason(" in setup and "print(" in setup, "the setup cell prints the pair's dtype and why"
     markdown = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown"]
     setup_note = next((m for m in markdown if m.lstrip().startswith("## Setup")), markdown[1])  # 00: its setup section

@@ -151,7 +151,6 @@ def test_the_allow_list_is_capped_and_every_entry_has_a_reason():
         assert len(e.reason.split()) >= 3, f"give a real reason for {e.piece!r}"
 
 
-@pytest.mark.xfail(strict=False, reason="truth pass pending")
 def test_every_direction_in_the_notebooks_is_checked_printed_or_allowed():
     flags = [f for path in NOTEBOOKS for f in lint(load(path), path.name)]
     unexplained, loose = review(flags, allow_list(ALLOWED))
@@ -187,7 +186,6 @@ def test_the_readme_and_the_assets_notes_use_course_words_only(path):
     assert not found, f"{path.relative_to(ROOT)}: process words a learner cannot follow: {found}"
 
 
-@pytest.mark.xfail(strict=False, reason="truth pass pending")
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_the_notebooks_use_course_words_only(path):
     found = [f"cell {i}: …{hit}…" for i, cell in enumerate(load(path)["cells"])
@@ -241,7 +239,6 @@ def test_install_cells_install_from_the_one_repository_address(path):
                 assert f"git+https://github.com/{owner}/{name}" in line, f"{path.name} cell {i}: {line.strip()}"
 
 
-@pytest.mark.xfail(strict=False, reason="truth pass pending")
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_links_out_of_the_notebooks_folder_are_absolute(path):
     """On Colab a notebook stands alone: ``../README.md`` resolves to nothing. Files outside ``notebooks/`` are
