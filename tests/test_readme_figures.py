@@ -186,7 +186,7 @@ FIGURES: list[tuple[str, list]] = [
       tok_s(LOOKUP, "hf_prompt_lookup"), vs_target(LOOKUP, "hf_prompt_lookup")]),
     (r" ".join(rf"\| {b} \| {NUM} \| {NUM} \| {NUM} \|" for b in (1, 4, 16)),
      [batched(b, k) for b in (1, 4, 16) for k in ("target_only_tok_s", "speculative_tok_s", "speedup")]),
-    (rf"on its own prompts \({NUM}× at batch 1, {NUM}× at batch 16\)",
+    (rf"on its own prompts \({NUM}× at batch 1, {NUM}× at batch 16, on the CPU of the committed notebooks\)",
      [nb("09", "batch_speedup_1"), nb("09", "batch_speedup_16")]),
     # Measured on this machine: from the committed notebooks
     (rf"a bare target forward ≈ {NUM} ms in notebook 06", [nb("06", "t_target_ms")]),
@@ -207,7 +207,7 @@ FIGURES: list[tuple[str, list]] = [
      [nb("11", "alpha_eagle"), nb("11", "measured_eagle")]),
     (rf"open question / rewrite \| {NUM} / {NUM} \| — \| {NUM}× / \*\*{NUM}×\*\* \| notebook 00",
      [nb("00", "alpha_model"), nb("00", "alpha_lookup"), nb("00", "speedup_model"), nb("00", "speedup_lookup")]),
-    (rf"A verify pass over 5 tokens costs {NUM}–{NUM} one-token steps on this CPU \(notebooks 01, 06, 07, 08; {NUM} in",
+    (rf"A verify pass over 5 tokens costs {NUM}–{NUM} one-token steps on the notebooks' CPU \(notebooks 01, 06, 07, 08; {NUM} in",
      [*CPU_VERIFY_COSTS, js(BENCH, "verify_cost")]),
     (rf"too weak \(α {NUM}–{NUM}, above\)", [*DRAFT_ALPHAS]),
     # On a GPU: the H200 run
