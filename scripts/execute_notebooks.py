@@ -4,12 +4,21 @@
     python scripts/execute_notebooks.py                       # every notebook, in order, in place
     python scripts/execute_notebooks.py notebooks/05_*.ipynb  # some of them
     python scripts/execute_notebooks.py --scratch --quick     # check they run: copies, quick settings, a table
+    SPECDEC_EDU_SEED=1 python scripts/execute_notebooks.py --scratch --out run2   # the second run of a truth pass
+    python scripts/execute_notebooks.py --check-only run2/*.ipynb                  # its checks, without running
 
 ``--scratch`` writes the executed copies to a temporary folder (``--out DIR`` to keep them) and leaves the
 committed notebooks untouched; a failing notebook is reported and the next one runs. ``--quick`` runs the
 notebooks' quick settings (``SPECDEC_EDU_QUICK=1``: fewer γ values, shorter answers, as the tests do); without it
 the full settings run (``SPECDEC_EDU_QUICK=0``, what the committed outputs record). Either way a table of
 notebook, seconds and pass/fail ends the run, and the exit status is 1 if any notebook failed.
+
+A notebook passes only if it runs *and* every ``<!-- check: ... -->`` in its prose holds for the numbers this run
+recorded (``tests/claims_eval.py``, the evaluator ``tests/test_notebook_claims.py`` applies to the committed
+outputs). So a second run with another seed (``SPECDEC_EDU_SEED``, read by ``course_seed``) in a scratch folder
+is the check that a claim survives a re-run, not only the run that was committed; ``--check-only`` evaluates
+notebooks that ran already. The table's last column prints the machine's load average at each notebook's end,
+since the timings that the checks read depend on it.
 
 Each notebook runs top to bottom in a fresh ``python3`` kernel from the ``notebooks/`` folder, with the cells
 tagged ``colab``, ``gpu`` or ``hub`` skipped (as in CI; their source stays, with no output). Then the progress
@@ -35,6 +44,7 @@ from nbclient import NotebookClient
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the package, from a checkout
 sys.path.insert(0, str(ROOT / "tests"))  # the list of skipped tags lives with the tests (CI reads it there)
+from claims_eval import claims, evaluate, recorded_values  # noqa: E402  (the evaluator the claims test uses)
 from notebook_tags import skipped as skipped_tags  # noqa: E402  (one list of skipped tags, shared with CI)
 
 PROGRESS = re.compile(r"^\s*[^|]*(\d+%\||\d+it \[)")  # tqdm's text: "desc:  40%|████  | 2/5 [..]", no total: "desc: 0it [..]"
@@ -91,6 +101,27 @@ def execute(path: Path, timeout: int, destination: Path | None = None) -> float:
     return seconds
 
 
+def failed_checks(nb) -> tuple[int, list[str]]:
+    """The number of prose checks in ``nb`` (a notebook as nbformat or JSON dict) and those its own recorded
+    values contradict, as ``"cell i: expr"`` (an unknown name counts as contradicted: it names the fix)."""
+    values, found = recorded_values(nb), claims(nb)
+    wrong = []
+    for index, expression in found:
+        try:
+            holds = evaluate(expression, values)
+        except ValueError as exc:
+            holds, expression = False, f"{expression} ({exc})"
+        if not holds:
+            wrong.append(f"cell {index}: {expression}")
+    return len(found), wrong
+
+
+def check_result(nb) -> str:
+    """The table's result for a notebook that ran: "pass (N checks)" or "FAIL: k of N checks: ..."."""
+    n, wrong = failed_checks(nb)
+    return f"pass ({n} checks)" if not wrong else f"FAIL: {len(wrong)} of {n} checks: " + "; ".join(wrong)
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("notebooks", nargs="*", type=Path)
@@ -98,24 +129,37 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--scratch", action="store_true", help="execute copies; leave the committed notebooks untouched")
     ap.add_argument("--out", type=Path, default=None, help="with --scratch: keep the executed copies here")
     ap.add_argument("--quick", action="store_true", help="SPECDEC_EDU_QUICK=1: the notebooks' quick settings")
+    ap.add_argument("--check-only", action="store_true", help="run nothing: evaluate the prose checks of the notebooks given")
     args = ap.parse_args(argv)
     if args.out is not None and not args.scratch:
         ap.error("--out needs --scratch (without it the notebooks are executed in place)")
+    if args.check_only and (args.scratch or args.quick):
+        ap.error("--check-only runs nothing: drop --scratch and --quick")
     args.notebooks = [p.resolve() for p in args.notebooks] or sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
     return args
 
 
-def format_table(rows: list[tuple[str, float | None, str]]) -> str:
-    """``rows`` of (notebook, seconds or None, "pass" or "FAIL: why") as an aligned text table."""
-    width = max([len("notebook")] + [len(name) for name, _, _ in rows])
-    lines = [f"{'notebook':{width}s}  seconds  result"]
-    for name, seconds, result in rows:
-        lines.append(f"{name:{width}s}  {'' if seconds is None else f'{seconds:7.0f}':>7s}  {result}")
+def format_table(rows: list[tuple]) -> str:
+    """``rows`` of (notebook, seconds or None, "pass ..." or "FAIL: why"[, load average]) as an aligned text table."""
+    width = max([len("notebook")] + [len(row[0]) for row in rows])
+    lines = [f"{'notebook':{width}s}  seconds  load  result"]
+    for name, seconds, result, *load in rows:
+        load_text = f"{load[0]:4.1f}" if load and load[0] is not None else ""
+        lines.append(f"{name:{width}s}  {'' if seconds is None else f'{seconds:7.0f}':>7s}  {load_text:>4s}  {result}")
     return "\n".join(lines)
+
+
+def load_average() -> float | None:
+    """The 1-minute load average, where the OS has one."""
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else None
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.check_only:
+        rows = [(path.name, None, check_result(nbformat.read(path, as_version=4))) for path in args.notebooks]
+        print(format_table(rows), flush=True)
+        return 0 if all(result.startswith("pass") for _, _, result in rows) else 1
     os.environ["SPECDEC_EDU_QUICK"] = "1" if args.quick else "0"  # the kernels inherit it
     # the kernels import this checkout's package, not whichever copy the environment has installed
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
@@ -126,17 +170,21 @@ def main(argv=None) -> int:
         print(f"scratch mode: executed copies go to {out_dir}; the committed notebooks stay as they are", flush=True)
     rows = []
     for path in args.notebooks:
+        destination = out_dir / path.name if out_dir else path
         try:
-            seconds = execute(path, args.timeout, out_dir / path.name if out_dir else None)
-            rows.append((path.name, seconds, "pass"))
+            seconds = execute(path, args.timeout, destination)
+            # quick settings record other values than the prose describes: its checks are for the full settings
+            executed = nbformat.read(destination, as_version=4)
+            result = "pass (checks not evaluated: --quick)" if args.quick else check_result(executed)
+            rows.append((path.name, seconds, result, load_average()))
         except Exception as exc:  # noqa: BLE001 (a failing notebook is a row of the table, not the end of the run)
             if not args.scratch:
                 raise
             last_line = ANSI.sub("", (str(exc).strip().splitlines() or [type(exc).__name__])[-1])[:120]
-            rows.append((path.name, None, f"FAIL: {last_line}"))
+            rows.append((path.name, None, f"FAIL: {last_line}", load_average()))
             print(f"{path.name}: FAIL: {last_line}", flush=True)
     print(format_table(rows), flush=True)
-    return 0 if all(result == "pass" for _, _, result in rows) else 1
+    return 0 if all(row[2].startswith("pass") for row in rows) else 1
 
 
 if __name__ == "__main__":

@@ -20,10 +20,38 @@ def test_arguments():
 
 
 def test_the_table_lists_every_notebook():
-    table = execute_notebooks.format_table([("00_a.ipynb", 12.3, "pass"), ("01_b.ipynb", None, "FAIL: boom")])
+    table = execute_notebooks.format_table([("00_a.ipynb", 12.3, "pass", 0.52), ("01_b.ipynb", None, "FAIL: boom", None)])
     lines = table.splitlines()
-    assert lines[0].split() == ["notebook", "seconds", "result"]
-    assert lines[1].split() == ["00_a.ipynb", "12", "pass"] and lines[2].split() == ["01_b.ipynb", "FAIL:", "boom"]
+    assert lines[0].split() == ["notebook", "seconds", "load", "result"]
+    assert lines[1].split() == ["00_a.ipynb", "12", "0.5", "pass"] and lines[2].split() == ["01_b.ipynb", "FAIL:", "boom"]
+
+
+def recorded_notebook(values: dict, *checks: str):
+    """A notebook whose one code cell recorded ``values`` and whose markdown states ``checks``."""
+    from specdec_edu.course.claims import MIME
+
+    code = nbformat.v4.new_code_cell("", outputs=[nbformat.v4.new_output("display_data", data={MIME: values})])
+    prose = nbformat.v4.new_markdown_cell(" ".join(f"Prose. <!-- check: {c} -->" for c in checks))
+    return nbformat.v4.new_notebook(cells=[code, prose])
+
+
+def test_a_run_passes_only_if_its_checks_hold(tmp_path, capsys):
+    """The two-run check: a notebook that ran but whose prose its new numbers contradict is a failure."""
+    holds = recorded_notebook({"speedup": 1.4}, "speedup > 1")
+    flipped = recorded_notebook({"speedup": 0.9}, "speedup > 1", "speedup > 0.5")
+    unknown = recorded_notebook({"speedup": 1.4}, "speedup_typo > 1")
+    assert execute_notebooks.check_result(holds) == "pass (1 checks)"
+    assert execute_notebooks.check_result(flipped) == "FAIL: 1 of 2 checks: cell 1: speedup > 1"
+    assert execute_notebooks.check_result(unknown).startswith("FAIL: 1 of 1 checks: cell 1: speedup_typo > 1 (")
+    paths = []
+    for name, nb in [("00_holds.ipynb", holds), ("01_flipped.ipynb", flipped)]:
+        paths.append(tmp_path / name)
+        nbformat.write(nb, paths[-1])
+    assert execute_notebooks.main([str(paths[0]), "--check-only"]) == 0
+    assert execute_notebooks.main([str(p) for p in paths] + ["--check-only"]) == 1
+    assert "01_flipped.ipynb" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        execute_notebooks.parse_args(["--check-only", "--scratch"])  # it runs nothing
 
 
 def test_scratch_runs_copies_and_reports_failures(tmp_path, capsys, monkeypatch):
@@ -43,4 +71,5 @@ def test_scratch_runs_copies_and_reports_failures(tmp_path, capsys, monkeypatch)
     quick, package = ran.cells[0].outputs[0]["text"].split()[1:]
     assert quick == "1" and package.startswith(str(Path(execute_notebooks.ROOT)))  # this checkout's package
     table = capsys.readouterr().out
-    assert "00_good.ipynb" in table and "pass" in table and "01_bad.ipynb" in table and "ZeroDivisionError" in table
+    assert "00_good.ipynb" in table and "pass (checks not evaluated: --quick)" in table
+    assert "01_bad.ipynb" in table and "ZeroDivisionError" in table

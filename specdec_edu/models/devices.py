@@ -67,7 +67,8 @@ def dtype_reason(device, dtype: torch.dtype) -> str:
     if os.environ.get("SPECDEC_EDU_DTYPE", "").strip():
         return f"{name} (set by SPECDEC_EDU_DTYPE)"
     if device.type != "cuda":
-        return f"{name} (on {device.type}: float32 products are exact and, on a CPU, faster than 16-bit ones)"
+        return (f"{name} (on {device.type}: the course's default off a GPU: "
+                "its rounding stays far below anything that could flip a token)")
     major, minor = torch.cuda.get_device_capability(device)
     if dtype == torch.float32:
         return f"{name} (this pair computes exactly, in fp32, on every device)"
