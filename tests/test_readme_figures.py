@@ -186,7 +186,7 @@ FIGURES: list[tuple[str, list]] = [
       tok_s(LOOKUP, "hf_prompt_lookup"), vs_target(LOOKUP, "hf_prompt_lookup")]),
     (r" ".join(rf"\| {b} \| {NUM} \| {NUM} \| {NUM} \|" for b in (1, 4, 16)),
      [batched(b, k) for b in (1, 4, 16) for k in ("target_only_tok_s", "speculative_tok_s", "speedup")]),
-    (rf"on its own prompts \({NUM}× at batch 1, {NUM}× at batch 16, on the CPU of the committed notebooks\)",
+    (rf"on its own prompts \({NUM}× at batch 1, {NUM}× at batch 16, on the CPU of the committed notebooks;",
      [nb("09", "batch_speedup_1"), nb("09", "batch_speedup_16")]),
     # Measured on this machine: from the committed notebooks
     (rf"a bare target forward ≈ {NUM} ms in notebook 06", [nb("06", "t_target_ms")]),
