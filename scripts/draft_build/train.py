@@ -299,6 +299,11 @@ def stage_save(args, log, k_final):
     (out / "config.json").write_text(json.dumps(c, indent=2, sort_keys=True) + "\n")
     tok = AutoTokenizer.from_pretrained(args.target)
     tok.save_pretrained(out)
+    # transformers 5 records its own backend class ("TokenizersBackend"), which 4.x cannot resolve; SmolLM2's
+    # original class name reads the same tokenizer.json in both (SPECDEC_EDU_RANDOM_TARGET loads it from here)
+    t = json.loads((out / "tokenizer_config.json").read_text())
+    t["tokenizer_class"] = "GPT2Tokenizer"
+    (out / "tokenizer_config.json").write_text(json.dumps(t, indent=2) + "\n")
     gc = Path(args.target) / "generation_config.json"
     if gc.exists():
         shutil.copy(gc, out / "generation_config.json")
