@@ -44,7 +44,7 @@ from nbclient import NotebookClient
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the package, from a checkout
 sys.path.insert(0, str(ROOT / "tests"))  # the list of skipped tags lives with the tests (CI reads it there)
-from claims_eval import claims, evaluate, recorded_values  # noqa: E402  (the evaluator the claims test uses)
+from claims_eval import failed_checks  # noqa: E402  (the evaluator the claims test uses)
 from notebook_tags import skipped as skipped_tags  # noqa: E402  (one list of skipped tags, shared with CI)
 
 PROGRESS = re.compile(r"^\s*[^|]*(\d+%\||\d+it \[)")  # tqdm's text: "desc:  40%|████  | 2/5 [..]", no total: "desc: 0it [..]"
@@ -99,21 +99,6 @@ def execute(path: Path, timeout: int, destination: Path | None = None) -> float:
     nbformat.write(nb, destination or path)
     print(f"{path.name}: {seconds:.0f} s, {bars} progress bars removed", flush=True)
     return seconds
-
-
-def failed_checks(nb) -> tuple[int, list[str]]:
-    """The number of prose checks in ``nb`` (a notebook as nbformat or JSON dict) and those its own recorded
-    values contradict, as ``"cell i: expr"`` (an unknown name counts as contradicted: it names the fix)."""
-    values, found = recorded_values(nb), claims(nb)
-    wrong = []
-    for index, expression in found:
-        try:
-            holds = evaluate(expression, values)
-        except ValueError as exc:
-            holds, expression = False, f"{expression} ({exc})"
-        if not holds:
-            wrong.append(f"cell {index}: {expression}")
-    return len(found), wrong
 
 
 def check_result(nb) -> str:

@@ -47,6 +47,21 @@ def evaluate(expression: str, values: Mapping[str, float]) -> bool:
     return bool(_eval(tree.body, values, expression))
 
 
+def failed_checks(notebook: Mapping) -> tuple[int, list[str]]:
+    """The number of prose checks in ``notebook`` and those its own recorded values contradict, as
+    ``"cell i: expr"`` (an unknown name counts as contradicted, with the evaluator's message: it names the fix)."""
+    values, found = recorded_values(notebook), claims(notebook)
+    wrong = []
+    for index, expression in found:
+        try:
+            holds = evaluate(expression, values)
+        except ValueError as exc:
+            holds, expression = False, f"{expression} ({exc})"
+        if not holds:
+            wrong.append(f"cell {index}: {expression}")
+    return len(found), wrong
+
+
 def _eval(node, values, expression):
     if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
         return node.value

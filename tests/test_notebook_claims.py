@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
-from claims_eval import MIME, claims, evaluate, recorded_values
+from claims_eval import MIME, claims, evaluate, failed_checks, recorded_values
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
@@ -74,9 +74,9 @@ def test_prose_claims_hold_for_the_committed_outputs(path):
     values = recorded_values(nb)
     found = claims(nb)
     assert found, f"{path.name} states no checked claim; add <!-- check: ... --> next to its comparisons"
-    wrong = [f"cell {i}: {expr}  (values: { {k: values[k] for k in values if k in expr} })"
-             for i, expr in found if not evaluate(expr, values)]
-    assert not wrong, f"{path.name}: prose contradicted by its own outputs:\n" + "\n".join(wrong)
+    _, wrong = failed_checks(nb)
+    assert not wrong, f"{path.name}: prose contradicted by its own outputs:\n" + "\n".join(
+        f"{w}  (values: { {k: values[k] for k in values if k in w} })" for w in wrong)
     unused = [name for name in values if not any(re.search(rf"\b{name}\b", expr) for _, expr in found)]
     assert not unused, f"{path.name} records values no claim uses: {unused}"
 
