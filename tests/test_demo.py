@@ -6,6 +6,7 @@ run it on tiny random models with a character-level tokenizer: seconds, no downl
 
 from __future__ import annotations
 
+import copy
 import io
 import types
 
@@ -61,6 +62,48 @@ def test_analyse_derives_the_summary_from_hand_made_runs():
     assert r.new_tokens == new and r.identical is True and r.first_difference is None
     late = run(new[:7] + [0, 0, 0], new_tokens=10, seconds=2.5)
     assert demo.analyse("model", "p", torch.tensor([prompt]), baseline, late, demo.DemoSettings()).first_difference == 10
+
+
+def _parted_report(target, prompt, gamma=4):
+    """A greedy report whose speculative output parts from the target-only one at new token 3."""
+    from specdec_edu import autoregressive_generate
+
+    baseline = autoregressive_generate(target, prompt, max_new_tokens=8)
+    changed = baseline.sequences.clone()
+    n = prompt.shape[-1]
+    changed[0, n + 3] = (changed[0, n + 3] + 1) % target.config.vocab_size  # a token the target did not pick
+    speculative = types.SimpleNamespace(sequences=changed, stats=baseline.stats,
+                                        row=lambda i=0: changed[i, n:])
+    report = demo.analyse("model", "p", prompt, baseline, speculative, demo.DemoSettings(gamma=gamma))
+    demo.explain_difference(report, target, prompt, gamma)
+    return report
+
+
+def test_a_float32_difference_is_called_a_bug(tiny_pair):
+    target, _ = tiny_pair
+    report = _parted_report(target, torch.tensor([[3, 4, 5, 6, 7]]))
+    assert (report.identical, report.first_difference, report.near_tie) == (False, 5 + 3, False)  # counts the prompt
+    assert "this is a bug" in report.difference_note
+    assert demo.identical_text(report) == "NO, from token 8"
+
+
+def test_a_16_bit_difference_within_the_rounding_is_called_a_near_tie(tiny_pair, monkeypatch):
+    """bf16: a token within twice the measured 1-token vs (γ + 1)-token logit spread of the top one may flip.
+    The spread is faked (huge) here so that the changed token counts as a near-tie; with the real, small spread
+    the same change is a bug (the negative control)."""
+    from specdec_edu.course import diagnostics
+
+    target = copy.deepcopy(tiny_pair[0]).to(torch.bfloat16)  # .to() is in place: the fixture stays fp32
+    prompt = torch.tensor([[3, 4, 5, 6, 7]])
+    real = _parted_report(target, prompt)
+    assert real.near_tie is False and "a bug, not numerics" in real.difference_note
+    monkeypatch.setattr(diagnostics, "logit_spread", lambda *args, **kwargs: 1e3)
+    report = _parted_report(target, prompt)
+    assert report.near_tie is True and "bfloat16 rounding can flip" in report.difference_note
+    assert demo.identical_text(report) == "no, from token 8: a 16-bit near-tie"
+    out = io.StringIO()
+    demo.print_summary([report], demo.DemoSettings(), out)
+    assert "bfloat16 rounding can flip" in out.getvalue()
 
 
 def test_demo_with_sampling_reports_no_identity_claim(tiny_pair, char_tokenizer):

@@ -52,7 +52,14 @@ def test_the_variable_overrides_every_device(gpu, monkeypatch, value, want):
     device = gpu(7, 5)
     monkeypatch.setenv("SPECDEC_EDU_DTYPE", value)
     assert default_dtype(device) == default_dtype("cpu", reduced=False) == want
-    assert "SPECDEC_EDU_DTYPE" in dtype_reason(device, want)
+    assert dtype_reason(device, want).endswith("(set by SPECDEC_EDU_DTYPE)")
+
+
+def test_a_pair_loaded_in_another_dtype_is_not_credited_to_the_variable(monkeypatch):
+    """Notebook 05 loads its pair in fp32 even under SPECDEC_EDU_DTYPE=fp16: its line must not say the variable set it."""
+    monkeypatch.setenv("SPECDEC_EDU_DTYPE", "fp16")
+    assert dtype_reason("cpu", torch.float32) == "fp32 (chosen here, over SPECDEC_EDU_DTYPE=fp16)"
+    assert dtype_reason("cpu", torch.float16) == "fp16 (set by SPECDEC_EDU_DTYPE)"
 
 
 def test_a_bad_value_names_the_fix(monkeypatch):

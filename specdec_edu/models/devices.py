@@ -64,8 +64,11 @@ def on_colab() -> bool:
 def dtype_reason(device, dtype: torch.dtype) -> str:
     """One line saying which dtype a pair computes in on ``device``, and why (for a notebook's setup cell)."""
     device, name = torch.device(device), {v: k for k, v in DTYPES.items()}.get(dtype, str(dtype))
-    if os.environ.get("SPECDEC_EDU_DTYPE", "").strip():
-        return f"{name} (set by SPECDEC_EDU_DTYPE)"
+    chosen = os.environ.get("SPECDEC_EDU_DTYPE", "").strip().lower()
+    if chosen:  # the override decides, unless the code loaded this pair in another dtype on purpose (notebook 05)
+        if DTYPES.get(chosen) == dtype:
+            return f"{name} (set by SPECDEC_EDU_DTYPE)"
+        return f"{name} (chosen here, over SPECDEC_EDU_DTYPE={chosen})"
     if device.type != "cuda":
         return (f"{name} (on {device.type}: the course's default off a GPU: "
                 "its rounding stays far below anything that could flip a token)")
