@@ -51,6 +51,7 @@ from typing import TextIO
 
 import torch
 
+from ..course.diagnostics import first_difference
 from ..course.viz import ANSI, ANSI_RESET, legend, mark_tokens, token_pieces  # noqa: F401 (ANSI*: re-exported for tests)
 
 DRAFTER_LABELS = {"model": "model draft", "eagle": "EAGLE (features)", "medusa": "Medusa (features)",
@@ -181,15 +182,6 @@ def target_step_seconds(baseline) -> float:
     if stats.rounds:
         return stats.verify_seconds / stats.rounds
     return stats.seconds / max(1, stats.new_tokens)
-
-
-def first_difference(a: torch.Tensor, b: torch.Tensor) -> int | None:
-    """Index of the first position where two 1-D token sequences differ (``None``: identical)."""
-    n = min(len(a), len(b))
-    diff = (a[:n] != b[:n]).nonzero()
-    if len(diff):
-        return int(diff[0])
-    return None if len(a) == len(b) else n
 
 
 def analyse(kind, prompt, input_ids, baseline, speculative, settings) -> DrafterReport:

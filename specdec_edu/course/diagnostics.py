@@ -38,6 +38,16 @@ def _as_1d(ids: torch.Tensor, name: str) -> torch.Tensor:
     return ids.long().cpu()
 
 
+def first_difference(a: torch.Tensor, b: torch.Tensor) -> int | None:
+    """Index of the first position where two 1-D token sequences differ (``None``: identical). When one is a
+    prefix of the other, they part where the shorter one stops."""
+    n = min(len(a), len(b))
+    differs = (a[:n] != b[:n]).nonzero()
+    if len(differs):
+        return int(differs[0])
+    return None if len(a) == len(b) else n
+
+
 @torch.no_grad()
 def first_divergence(target, prompt_ids, reference_new, candidate_new) -> dict | None:
     """The first position where ``candidate_new`` leaves ``reference_new``, and the target's margin there.
@@ -60,14 +70,9 @@ def first_divergence(target, prompt_ids, reference_new, candidate_new) -> dict |
     prompt = _as_1d(prompt_ids, "prompt_ids")
     ref = _as_1d(reference_new, "reference_new")
     cand = _as_1d(candidate_new, "candidate_new")
-    n = min(len(ref), len(cand))
-    differs = (ref[:n] != cand[:n]).nonzero()
-    if len(differs):
-        position = int(differs[0])
-    elif len(ref) == len(cand):
+    position = first_difference(ref, cand)
+    if position is None:
         return None
-    else:  # one is a prefix of the other: they part where the shorter one stops
-        position = n
     context = torch.cat([prompt, ref[:position]])[None].to(target.device)
     # logits_to_keep=1: only the last position's logits, the ones that predict new token `position`
     logits = target(input_ids=context, use_cache=False, logits_to_keep=1).logits[0, -1].float()
