@@ -14,10 +14,11 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 torch.set_num_threads(int(os.environ.get("SPECDEC_TEST_THREADS", "1")))
 
-# Notebooks executed by nbval read this (the kernels inherit the environment): notebook 07 then measures fewer
-# values of γ on shorter answers, and notebook 11 decodes, trains and samples less (the same code on smaller
-# settings), so that the suite fits its time budget. The committed outputs come from scripts/execute_notebooks.py
-# with the full settings (they record quick == 0, and tests/test_notebook_claims.py checks it).
+# Notebooks executed by nbval read this (the kernels inherit the environment; specdec_edu.course.experiments.quick_run
+# reads it): notebooks 00 and 05–11 then run the same code on fewer samples, repeats, tokens or training steps (each
+# one's setup cell says which), so that the suite fits its time budget. The committed outputs come from
+# scripts/execute_notebooks.py with the full settings (07 and 11 record quick == 0, and tests/test_notebook_claims.py
+# checks it).
 # SPECDEC_EDU_QUICK=0 runs the full settings under pytest too. This file is loaded when pytest collects tests/
 # (plain `pytest` does); `pytest notebooks/NN_x.ipynb` alone does not load it: set the variable yourself there.
 os.environ.setdefault("SPECDEC_EDU_QUICK", "1")

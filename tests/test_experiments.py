@@ -161,6 +161,21 @@ def test_course_seed_is_the_default_unless_the_environment_overrides_it(monkeypa
         experiments.course_seed(0)
 
 
+@pytest.mark.parametrize(("value", "quick"), [(None, False), ("", False), ("0", False), ("1", True), (" 1 ", True)])
+def test_quick_run_reads_the_variable_the_test_suite_sets(monkeypatch, value, quick):
+    if value is None:
+        monkeypatch.delenv("SPECDEC_EDU_QUICK", raising=False)
+    else:
+        monkeypatch.setenv("SPECDEC_EDU_QUICK", value)
+    assert experiments.quick_run() is quick
+
+
+def test_quick_run_refuses_a_value_it_would_have_to_guess(monkeypatch):
+    monkeypatch.setenv("SPECDEC_EDU_QUICK", "yes")
+    with pytest.raises(ValueError, match="SPECDEC_EDU_QUICK='yes': set it to 1"):
+        experiments.quick_run()
+
+
 def test_replay_drafter_pays_the_draft_the_run_would_use(target, monkeypatch):
     """A bare cost model becomes the ModelDrafter ``speculative_generate`` would make of it: eager where the run
     is eager (the CPU default), compiled where the run compiles (``SPECDEC_EDU_COMPILE=1``, as on a GPU), so the

@@ -25,6 +25,7 @@ from ..sampling import logits_to_probs
 
 __all__ = [
     "course_seed",
+    "quick_run",
     "MixtureDrafter",
     "ReplayDrafter",
     "DynamicGammaDrafter",
@@ -51,6 +52,22 @@ def course_seed(default: int = 0) -> int:
         return int(value)
     except ValueError:
         raise ValueError(f"{SEED_VARIABLE}={value!r} is not an integer; set it to a whole number or unset it") from None
+
+
+QUICK_VARIABLE = "SPECDEC_EDU_QUICK"
+
+
+def quick_run() -> bool:
+    """Whether a notebook runs its quick settings: ``$SPECDEC_EDU_QUICK=1``, which ``tests/conftest.py`` sets.
+
+    Quick settings are the same cells on fewer samples, repeats or tokens, so that the test suite executes every
+    notebook in minutes; the committed outputs come from the full settings (unset, or ``0``). Any other value is
+    refused rather than guessed.
+    """
+    value = os.environ.get(QUICK_VARIABLE, "").strip()
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{QUICK_VARIABLE}={value!r}: set it to 1 (quick settings) or 0 / unset (full settings)")
+    return value == "1"
 
 
 def _mix(probs: torch.Tensor, noise: float) -> torch.Tensor:
