@@ -9,7 +9,7 @@
 
 ``--scratch`` writes the executed copies to a temporary folder (``--out DIR`` to keep them) and leaves the
 committed notebooks untouched; a failing notebook is reported and the next one runs. ``--quick`` runs the
-notebooks' quick settings (``SPECDEC_EDU_QUICK=1``: fewer γ values, shorter answers, as the tests do); without it
+notebooks' quick settings (``SPECDEC_EDU_QUICK=1``: fewer samples, repeats and tokens, as the tests do); without it
 the full settings run (``SPECDEC_EDU_QUICK=0``, what the committed outputs record). Either way a table of
 notebook, seconds and pass/fail ends the run, and the exit status is 1 if any notebook failed.
 
