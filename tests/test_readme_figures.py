@@ -194,7 +194,7 @@ FIGURES: list[tuple[str, list]] = [
      rf"with the measured verify cost {NUM}×\) \| notebook 06",
      [nb("06", "alpha"), nb("06", "tau_measured"), nb("06", "speedup"), nb("06", "ideal"), nb("06", "adjusted")]),
     *[(rf"\| prompt lookup \(γ = {NUM}\) \| {task} \| — \| {NUM} \| (?:\*\*)?{NUM}×(?:\*\*)? \| notebook 08",
-       [nb_code("08", r"N_NEW, GAMMA_PL = \(24 if QUICK else \d+\), (\d+)"), nb("08", f"pl_tau_{key}"),
+       [nb_code("08", r"N_NEW, GAMMA_PL = \(\d+ if QUICK else \d+\), (\d+)"), nb("08", f"pl_tau_{key}"),
         nb("08", f"pl_speedup_{key}")])
       for task, key in [("rewrite a pasted paragraph", "rewrite"), ("extract from a pasted text", "extract"),
                         ("open-ended question", "open")]],
