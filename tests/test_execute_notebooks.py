@@ -63,13 +63,27 @@ def test_scratch_runs_copies_and_reports_failures(tmp_path, capsys, monkeypatch)
         nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source)])
         nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
         nbformat.write(nb, path)
-    before = good.read_text()
+    before, bad_before = good.read_text(), bad.read_text()
     out = tmp_path / "out"
     status = execute_notebooks.main([str(good), str(bad), "--scratch", "--quick", "--out", str(out)])
-    assert status == 1 and good.read_text() == before  # the committed notebook is untouched
+    assert status == 1 and good.read_text() == before and bad.read_text() == bad_before  # the committed ones: untouched
+    failed = nbformat.read(out / bad.name, as_version=4)  # the failing copy is kept, with its traceback
+    assert [o.get("ename") for o in failed.cells[0].outputs] == ["ZeroDivisionError"]
     ran = nbformat.read(out / good.name, as_version=4)
     quick, package = ran.cells[0].outputs[0]["text"].split()[1:]
     assert quick == "1" and package.startswith(str(Path(execute_notebooks.ROOT)))  # this checkout's package
     table = capsys.readouterr().out
     assert "00_good.ipynb" in table and "pass (checks not evaluated: --quick)" in table
     assert "01_bad.ipynb" in table and "ZeroDivisionError" in table
+
+
+def test_a_notebook_that_fails_in_place_keeps_its_committed_outputs(tmp_path):
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1 / 0", outputs=[
+        nbformat.v4.new_output("stream", name="stdout", text="the committed output\n")])])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    path = tmp_path / "00_bad.ipynb"
+    nbformat.write(nb, path)
+    before = path.read_text()
+    with pytest.raises(Exception, match="ZeroDivisionError"):
+        execute_notebooks.execute(path, timeout=60, destination=path)  # as main() calls it without --scratch
+    assert path.read_text() == before

@@ -345,6 +345,24 @@ def test_saved_drafter_loads_only_onto_its_target(tmp_path, target, kind):
     load_drafter(kind, tiny_llama(seed=0), path=tmp_path)  # the same weights in another object: fine
 
 
+@pytest.mark.parametrize("kind", ["medusa", "eagle"])
+def test_a_random_target_loads_a_drafter_of_its_shape_with_a_warning(tmp_path, target, kind, monkeypatch):
+    """SPECDEC_EDU_RANDOM_TARGET=1 (a GPU check, where the real target's weights cannot travel): a drafter trained on
+    another model of the same shape loads, saying so; one of another shape is refused all the same."""
+    make(kind, target).save(tmp_path)
+    monkeypatch.setenv("SPECDEC_EDU_RANDOM_TARGET", "1")
+    other = tiny_llama(seed=7)  # the same shape, other weights
+    with pytest.warns(UserWarning, match="SPECDEC_EDU_RANDOM_TARGET=1 gave this target random weights"):
+        drafter = load_drafter(kind, other, path=tmp_path)
+    out = speculative_generate(other, drafter, PROMPTS[0][None], max_new_tokens=12, gamma=3)  # it runs, exactly
+    assert out.sequences[0].tolist() == reference(other, PROMPTS[0], 12).tolist()
+    with pytest.raises(ValueError, match="hidden size 64, this target has 32"):
+        load_drafter(kind, tiny_llama(seed=7, hidden=32), path=tmp_path)
+    monkeypatch.setenv("SPECDEC_EDU_RANDOM_TARGET", "0")  # the negative control: without the variable, refused
+    with pytest.raises(ValueError, match="another model of the same shape"):
+        load_drafter(kind, tiny_llama(seed=7), path=tmp_path)
+
+
 @pytest.mark.embedded
 @pytest.mark.parametrize("kind", ["medusa", "eagle"])
 def test_committed_drafters_are_bound_to_the_embedded_target(kind):

@@ -64,6 +64,20 @@ def test_record_refuses_non_finite_values():
 
     with pytest.raises(ValueError, match="finite"):
         record(alpha=float("nan"))
+    with pytest.raises(ValueError, match="got None"):
+        record(n_needed=None)
+
+
+def test_a_random_target_run_leaves_non_finite_values_out(monkeypatch, capsys):
+    """SPECDEC_EDU_RANDOM_TARGET=1 (a GPU check with random target weights): a 0 / 0 rate is left out, not an error."""
+    pytest.importorskip("IPython")
+    from specdec_edu.course.claims import record
+
+    monkeypatch.setenv("SPECDEC_EDU_RANDOM_TARGET", "1")
+    shown = []
+    monkeypatch.setattr("IPython.display.display", lambda data, raw: shown.append(data))
+    record(alpha=float("nan"), n_needed=None, speedup=1.5)
+    assert shown == [{MIME: {"speedup": 1.5}}]
 
 
 # --- every committed notebook ----------------------------------------------------------------------------------

@@ -26,14 +26,22 @@ MIME = "application/vnd.specdec-edu.claims+json"
 def record(**values: float) -> None:
     """Store named numbers in this cell's output for the prose checker; nothing is displayed.
 
-    Values must be plain numbers (or bools); tensors and numpy scalars are converted with ``float``.
+    Values must be plain numbers (or bools); tensors and numpy scalars are converted with ``float``. A value that is
+    not finite (or is ``None``) is an error, except with ``$SPECDEC_EDU_RANDOM_TARGET=1``: a target with random
+    weights (a GPU check) can leave a rate with nothing to count (0 / 0), the prose's claims are about the real
+    target and are not checked on such a run, and the notebook should go on to run the rest of its code. There such a
+    value is left out.
     """
     from IPython.display import display  # imported here: the package works without IPython
 
+    from ..models.embedded import random_target
+
     clean = {}
     for name, value in values.items():
-        number = float(value)
+        number = math.nan if value is None else float(value)  # None: e.g. "no n up to n_max has that power"
         if not math.isfinite(number):
-            raise ValueError(f"record({name}=...) got {number}; record only finite numbers")
+            if random_target():
+                continue
+            raise ValueError(f"record({name}=...) got {value!r}; record only finite numbers")
         clean[name] = number
     display({MIME: clean}, raw=True)

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The wheels that `scripts/gpu_course_checks.sh notebooks` needs on the lent GPU machine, fetched here into .whl/.
+#
+#   bash scripts/gpu_wheels.sh                          # for the GPU image's Python (3.12), into .whl/
+#   PY=3.11 WHEELS=/tmp/whl bash scripts/gpu_wheels.sh  # for this machine's Python: the CPU rehearsal (below)
+#
+# Why: that machine cannot reach a registry, and its image (see /work/.library/device/KINDS.md) has torch,
+# transformers, numpy, scipy, matplotlib and tqdm but no Jupyter stack: no nbclient, nbformat, ipykernel, IPython
+# or ipywidgets. gpu_course_checks.sh installs whatever is in .whl/ (with --no-deps, into /tmp/site) before it
+# runs; the device tool's call must name .whl in `carry` (git ignores it).
+#
+# What is left out, and why:
+#   - packages the image already has (attrs, packaging, psutil, pygments, python-dateutil, typing-extensions);
+#   - widgetsnbextension and jupyterlab_widgets: the front end's half of the widgets, never imported by a kernel;
+#   - debugpy, jedi and parso (10 MB): ipykernel runs without a debugger and IPython without jedi's completion.
+# The working tree travels with these wheels and must stay under 64 MiB: the script prints the total.
+#
+# The CPU rehearsal of that stage, in a venv that holds only what the image holds:
+#   python3 -m venv /tmp/gpulike && /tmp/gpulike/bin/pip install torch==2.13.0 transformers==5.17.0 numpy scipy \
+#     matplotlib tqdm safetensors accelerate psutil pygments attrs python-dateutil packaging typing-extensions
+#   PY=3.11 WHEELS=/tmp/whl bash scripts/gpu_wheels.sh
+#   /tmp/gpulike/bin/pip install --no-index --no-deps --target /tmp/site /tmp/whl/*.whl
+#   PYTHONPATH=/tmp/site SPECDEC_EDU_RANDOM_TARGET=1 /tmp/gpulike/bin/python scripts/execute_notebooks.py --scratch --quick
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PY:-3.12}"
+WHEELS="${WHEELS:-.whl}"
+PACKAGES=(nbclient nbformat ipykernel ipywidgets)
+ON_THE_IMAGE=(attrs packaging psutil pygments python_dateutil typing_extensions tzdata)
+NOT_NEEDED=(widgetsnbextension jupyterlab_widgets debugpy jedi parso)
+
+mkdir -p "$WHEELS"
+platforms=()
+for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64 any; do
+  platforms+=(--platform "$p")
+done
+python3 -m pip download -q --only-binary=:all: --python-version "$PY" --implementation cp "${platforms[@]}" \
+  -d "$WHEELS" "${PACKAGES[@]}"
+for name in "${ON_THE_IMAGE[@]}" "${NOT_NEEDED[@]}"; do
+  rm -f "$WHEELS/$name"-*.whl
+done
+bytes() { xargs -0 stat -c %s | awk '{ s += $1 } END { print s }'; }
+echo "$(ls "$WHEELS"/*.whl | wc -l) wheels in $WHEELS: $(printf '%s\0' "$WHEELS"/*.whl | bytes) bytes;" \
+  "the tracked tree: $(git ls-files -z | bytes) bytes (what travels, both together, must stay under 67108864)"
