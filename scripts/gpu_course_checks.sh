@@ -5,6 +5,8 @@
 #   bash scripts/gpu_course_checks.sh notebooks   # the 12 notebooks on CUDA, quick, in a scratch folder
 #   bash scripts/gpu_course_checks.sh notebooks notebooks/0[0-4]_*.ipynb   # some of them (a rerun of the rest)
 #   bash scripts/gpu_course_checks.sh 7b          # the 7b goals (scripts/gpu_check.py)
+#   DEVICE=cpu COLD_PATHS=default bash scripts/gpu_course_checks.sh smoke; SIZE=tiny bash scripts/gpu_course_checks.sh 7b
+#                                                 # a CPU rehearsal of the plumbing (see scripts/gpu_wheels.sh)
 #
 # The notebooks stage needs the Jupyter stack, which the GPU image lacks: run `bash scripts/gpu_wheels.sh` here
 # first and name .whl in the device tool's `carry`; this script installs what .whl/ holds (into /tmp/site).
@@ -27,30 +29,41 @@ python -c "import torch, transformers; print(torch.__version__, transformers.__v
 
 case "${1:-smoke}" in
 smoke)
+  # Every step runs even if one before it failed (`|| status=$?`); the exit status says whether all passed.
+  # DEVICE=cpu COLD_PATHS=default rehearses the plumbing on a CPU (CUDA graphs exist on CUDA only).
+  DEVICE="${DEVICE:-cuda}"
+  status=0
   # 1. the dtype rule on this GPU (an H200: bf16, native)
-  python -c "import torch; from specdec_edu.models.devices import default_dtype, dtype_reason as r; d = torch.device('cuda'); print(r(d, default_dtype(d)))" | tee "$OUT/dtype.txt"
-  # 2. a compiler failure on CUDA: both models fall back to eager, one warning each, same tokens
-  python - <<'EOF' 2>&1 | tee "$OUT/compile_failure.txt"
+  python -c "import sys, torch; from specdec_edu.models.devices import default_dtype, dtype_reason as r; d = torch.device(sys.argv[1]); print(r(d, default_dtype(d)))" "$DEVICE" \
+    2>&1 | tee "$OUT/dtype.txt" || status=$?
+  # 2. a compiler failure: both models fall back to eager, one warning each, same tokens
+  python - "$DEVICE" <<'EOF' 2>&1 | tee "$OUT/compile_failure.txt" || status=$?
 import sys, warnings
 import torch
 sys.path.insert(0, "tests")
 from conftest import tiny_llama
 from specdec_edu import speculative_generate
+device = sys.argv[1]
 def failing(graph, inputs):
     raise RuntimeError("forced failure")
-t, d = tiny_llama(0).cuda(), tiny_llama(1).cuda()
-x = torch.tensor([[7, 8, 9, 10, 11]], device="cuda")
+t, d = tiny_llama(0).to(device), tiny_llama(1).to(device)
+x = torch.tensor([[7, 8, 9, 10, 11]], device=device)
 eager = speculative_generate(t, d, x, max_new_tokens=12, compile=False)
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     out = speculative_generate(t, d, x, max_new_tokens=12, compile=True, compile_options={"backend": failing})
 print([str(w.message) for w in caught])
-print("same tokens as eager:", out.sequences.tolist() == eager.sequences.tolist(), "compiled:", out.stats.compiled)
+same = out.sequences.tolist() == eager.sequences.tolist()
+print("same tokens as eager:", same, "compiled:", out.stats.compiled)
+sys.exit(0 if same and not out.stats.compiled and caught else 1)
 EOF
-  # 3. forced fp16, compiled, on the embedded pair's shapes: the fp16 check, a report, the verdict
-  SPECDEC_EDU_DTYPE=fp16 timeout 300 python -m specdec_edu gpu-report --quick --pair embedded 2>&1 | tee "$OUT/gpu_report_fp16.txt"
+  # 3. forced fp16, on the embedded pair's shapes (compiled on CUDA): the fp16 check, a report, the verdict
+  SPECDEC_EDU_DTYPE=fp16 timeout 300 python -m specdec_edu gpu-report --quick --pair embedded 2>&1 \
+    | tee "$OUT/gpu_report_fp16.txt" || status=$?
   # 4. cold start of the default path and of CUDA graphs without inductor, under two CPUs (Colab proxy)
-  timeout 560 python scripts/cold_start.py --paths default,cudagraphs --cpus "0,1" --json "$OUT/cold_start.json" | tee "$OUT/cold_start.txt"
+  timeout 560 python scripts/cold_start.py --device "$DEVICE" --paths "${COLD_PATHS:-default,cudagraphs}" --cpus "0,1" \
+    --json "$OUT/cold_start.json" 2>&1 | tee "$OUT/cold_start.txt" || status=$?
+  exit "$status"
   ;;
 notebooks)
   python -c "import nbclient, ipykernel, ipywidgets" 2>/dev/null \
@@ -65,7 +78,11 @@ notebooks)
   exit "$status"
   ;;
 7b)
-  timeout 590 python scripts/gpu_check.py --size 7b --compile --quick --json "$OUT/gpu_check_7b.json" 2>&1 | tee "$OUT/gpu_check_7b.txt"
+  # issue 24's 7b goals: the head sharpened (--head-scale 20, the default) and 3 interleaved repeats, α(run) beside
+  # each prediction, then the compiled peers (HF's static-cache compiled generate, and its assisted generation).
+  # The JSON is rewritten after every section, so a timeout keeps what was measured. SIZE=tiny rehearses it on a CPU.
+  timeout 590 python scripts/gpu_check.py --size "${SIZE:-7b}" --compile --quick --repeats 3 --json "$OUT/gpu_check_7b.json" \
+    2>&1 | tee "$OUT/gpu_check_7b.txt"
   ;;
 *)
   echo "usage: $0 smoke|notebooks|7b" >&2; exit 2 ;;

@@ -17,7 +17,7 @@
 #
 # The CPU rehearsal of that stage, in a venv that holds only what the image holds:
 #   python3 -m venv /tmp/gpulike && /tmp/gpulike/bin/pip install torch==2.13.0 transformers==5.17.0 numpy scipy \
-#     matplotlib tqdm safetensors accelerate psutil pygments attrs python-dateutil packaging typing-extensions
+#     matplotlib tqdm safetensors accelerate psutil pygments attrs python-dateutil packaging typing-extensions pytest
 #   PY=3.11 WHEELS=/tmp/whl bash scripts/gpu_wheels.sh
 #   /tmp/gpulike/bin/pip install --no-index --no-deps --target /tmp/site /tmp/whl/*.whl
 #   PYTHONPATH=/tmp/site SPECDEC_EDU_RANDOM_TARGET=1 /tmp/gpulike/bin/python scripts/execute_notebooks.py --scratch --quick

@@ -71,7 +71,7 @@ def check_rows(out, gpu_check, modes):
 
 def test_gpu_check_runs_at_tiny_size_on_every_path(gpu_check, tmp_path, capsys):
     """``--compile`` with the aot_eager backend (the CPU's inductor would compile C++ for minutes): the eager,
-    compiled-draft and compiled draft + target rows, and HF's assisted generation beside ours."""
+    compiled-draft and compiled draft + target rows, HF's assisted generation beside ours, and the compiled peers."""
     path = tmp_path / "gpu.json"
     out = gpu_check.main(TINY + ["--compile", "--compile-backend", "aot_eager", "--json", str(path)])
     assert json.loads(path.read_text()) == json.loads(json.dumps(out))
@@ -87,10 +87,16 @@ def test_gpu_check_runs_at_tiny_size_on_every_path(gpu_check, tmp_path, capsys):
     same = out["same_draft"]
     assert same["identical_to_hf"] and same["divergence"] is None and same["hf_divergence"] is None
     assert same["ours_over_hf"] == pytest.approx(same["speculative_tok_s"] / same["hf_assisted_tok_s"])
+    peers = out["peers"]  # HF's compiled static-cache generate and its assisted generation, beside ours compiled
+    assert set(peers["tok_s"]) == {"ours target-only", "HF target-only", "ours speculative", "HF assisted"}
+    assert peers["hf_compiled_forward"] and all(d is None for d in peers["divergence"].values())
+    assert peers["target_only_ours_over_hf"] == pytest.approx(
+        peers["tok_s"]["ours target-only"] / peers["tok_s"]["HF target-only"])
     assert list(out["section_seconds"])[0].startswith("1. read bandwidth")
-    assert len(out["section_seconds"]) == 3 + len(gpu_check.MODES) + 1  # bandwidth, latency, c; each mode; HF
+    assert len(out["section_seconds"]) == 3 + len(gpu_check.MODES) + 2  # bandwidth, latency, c; each mode; HF; peers
     printed = capsys.readouterr().out
     assert "ours / HF" in printed and "% of the read bandwidth" in printed and "memory floor" in printed
+    assert "(goal ≥ 1.0×)" in printed and "(goal ≥ 1.5×)" in printed
     assert "differs at" not in printed
 
 
@@ -138,3 +144,18 @@ def test_cuda_without_a_gpu_is_a_clear_error(gpu_check, monkeypatch):
     monkeypatch.setattr(gpu_check.torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit):
         gpu_check.main(["--size", "tiny", "--device", "cuda"])
+
+
+def test_a_run_cut_off_keeps_what_it_measured(gpu_check, tmp_path, monkeypatch):
+    """--json is rewritten after every section: a time limit that stops the run in a late section (the GPU stage
+    runs under `timeout`) leaves the earlier sections' numbers on disk."""
+    def cut_off(*args, **kwargs):
+        raise TimeoutError("the run's time limit")
+
+    monkeypatch.setattr(gpu_check, "hf_comparison", cut_off)
+    path = tmp_path / "gpu.json"
+    with pytest.raises(TimeoutError):
+        gpu_check.main(TINY + ["--quick", "--json", str(path)])
+    saved = json.loads(path.read_text())
+    assert saved["c_eager"] and saved["target_only"] and saved["speculative"] and "same_draft" not in saved
+    assert saved["versions"]["torch"] and len(saved["section_seconds"]) == 4  # bandwidth, latency, c, eager decoding
