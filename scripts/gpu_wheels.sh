@@ -30,6 +30,7 @@ ON_THE_IMAGE=(attrs packaging psutil pygments python_dateutil typing_extensions 
 NOT_NEEDED=(widgetsnbextension jupyterlab_widgets debugpy jedi parso)
 
 mkdir -p "$WHEELS"
+rm -f "$WHEELS"/*.whl  # one version of each package: wheels for another Python left here would clash in the install
 platforms=()
 for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64 any; do
   platforms+=(--platform "$p")

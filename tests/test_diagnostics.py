@@ -68,7 +68,7 @@ def test_a_batch_is_a_clear_error(target, reference):
 
 from conftest import tiny_llama  # noqa: E402
 
-from specdec_edu.course.diagnostics import OutputMismatch, check_same_output, logit_spread  # noqa: E402
+from specdec_edu.course.diagnostics import OutputMismatch, check_same_output, logit_spread, rounding_step  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -103,11 +103,36 @@ def test_reduced_precision_passes_a_near_tie_and_fails_a_large_margin(bf16_case)
     margins = top2.values[:, 0] - top2.values[:, 1]  # [24]
     tie, sure = int(margins.argmin()), int(margins.argmax())
     spread = logit_spread(model, torch.cat([PROMPT[0], reference]), gamma=4)
-    assert 2 * spread < float(margins[sure]), "the large margin must be out of rounding's reach for this test"
+    step = rounding_step(float(top2.values[sure, 0]), torch.bfloat16)
+    assert 2 * max(spread, step) < float(margins[sure]), "the large margin must be out of rounding's reach here"
     report = check_same_output(model, PROMPT, reference, runner_up_at(reference, top2, tie), spread=float(margins[tie]))
     assert not report["identical"] and report["divergence"]["position"] == tie and "near-tie" in report["message"]
     with pytest.raises(OutputMismatch, match=f"bfloat16: first divergence at new token {sure}.*a bug"):
         check_same_output(model, PROMPT, reference, runner_up_at(reference, top2, sure))  # spread measured here
+
+
+def test_a_spread_of_0_still_allows_one_rounding_step(bf16_case):
+    """On a CPU the measured spread can be exactly 0 (the check saw it: bf16 kernels that accumulate in fp32 agree),
+    yet a logit is rounded to bf16's grid everywhere, so two runs can part where the margin is one step of it. The
+    tolerance is never below that step: a one-step margin is a near-tie, a five-step one still a bug."""
+    model, reference, top2 = bf16_case
+    margins = top2.values[:, 0] - top2.values[:, 1]
+    steps = [rounding_step(float(top), torch.bfloat16) for top in top2.values[:, 0]]
+    one = next(i for i, (m, st) in enumerate(zip(margins, steps)) if float(m) == st)  # a margin of exactly one step
+    five = next(i for i, (m, st) in enumerate(zip(margins, steps)) if 4.5 * st < float(m) < 8 * st)
+    report = check_same_output(model, PROMPT, reference, runner_up_at(reference, top2, one), spread=0.0)
+    assert "near-tie" in report["message"] and report["tolerance"] == 2 * steps[one] and report["spread"] == 0.0
+    with pytest.raises(OutputMismatch, match=f"new token {five}.*a bug"):
+        check_same_output(model, PROMPT, reference, runner_up_at(reference, top2, five), spread=0.0)
+
+
+@pytest.mark.parametrize("value, dtype, step", [(3.39, torch.bfloat16, 2**-6), (4.25, torch.bfloat16, 2**-5),
+                                                (0.75, torch.bfloat16, 2**-8), (3.39, torch.float16, 2**-9),
+                                                (-3.39, torch.bfloat16, 2**-6), (1.0, torch.float32, 2**-23)])
+def test_the_rounding_step_is_the_gap_to_the_next_number(value, dtype, step):
+    assert rounding_step(value, dtype) == step
+    x = torch.tensor(abs(value), dtype=dtype)  # the grid itself: x + step is the next number, x + step / 4 rounds back
+    assert float(x + torch.tensor(step, dtype=dtype)) > float(x) and float(x + torch.tensor(step / 4, dtype=dtype)) == float(x)
 
 
 def test_the_spread_is_rounding(target, bf16_case):

@@ -17,6 +17,8 @@ divergence only where the target's margin is within what rounding can move (meas
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .. import kv
@@ -61,6 +63,7 @@ def first_divergence(target, prompt_ids, reference_new, candidate_new) -> dict |
     - ``reference_token`` / ``candidate_token``: the ids there (``None`` for the one that ended);
     - ``top2_margin``: logit[top-1] − logit[top-2] of the target at that position, from ONE
       teacher-forced forward over ``prompt + reference_new[:position]`` (the reference's context);
+    - ``top_logit``: logit[top-1] there (its size sets the rounding step of a 16-bit logit: ``rounding_step``);
     - ``candidate_margin``: logit[top-1] − logit[candidate_token] there (``None`` if it ended);
       equal to ``top2_margin`` when the candidate is the runner-up. A small ``top2_margin`` with a
       large ``candidate_margin`` is still a bug: the candidate was not the near-tie.
@@ -84,8 +87,21 @@ def first_divergence(target, prompt_ids, reference_new, candidate_new) -> dict |
         "reference_token": reference_token,
         "candidate_token": candidate_token,
         "top2_margin": float(top2[0] - top2[1]),
+        "top_logit": float(top2[0]),
         "candidate_margin": None if candidate_token is None else float(top2[0] - logits[candidate_token]),
     }
+
+
+def rounding_step(value: float, dtype: torch.dtype) -> float:
+    """The gap between ``dtype``'s neighbouring numbers at ``|value|`` (for bf16 at a logit of 3: 2⁻⁶ = 0.0156).
+
+    A 16-bit logit is rounded to this grid, so two logits whose exact values are closer than one step can still come
+    out one step apart, in either order: no rounding-level difference between two forwards is ever smaller."""
+    finfo = torch.finfo(dtype)
+    if value == 0:
+        return float(finfo.tiny)
+    _, exponent = math.frexp(abs(value))  # |value| = m · 2^exponent, 0.5 ≤ m < 1
+    return float(finfo.eps) * 2.0 ** (exponent - 1)
 
 
 @torch.no_grad()
@@ -122,14 +138,17 @@ def check_same_output(target, prompt_ids, reference_new, candidate_new, gamma: i
     * bf16/fp16 target: a verify pass scores a token in a (γ + 1)-token forward and the reference in a 1-token
       forward; they round differently, so a near-tie can flip. The difference is accepted when the target's
       margin between its top token and the candidate's token at the first divergence is at most twice the
-      ``spread`` (each of the two logits can move by up to the spread; default: measured now with
-      ``logit_spread`` on the reference's context), and raises otherwise.
+      rounding reach, and raises otherwise. The reach is the ``spread`` (default: measured now with
+      ``logit_spread`` on the reference's context), but never less than one ``rounding_step`` of the top logit
+      there: the spread is measured at γ + 1 positions and can come out 0 (a CPU's bf16 kernels accumulate in
+      fp32), while the logits themselves are rounded to that step everywhere. Each of the two logits can move by
+      up to the reach, hence twice it.
 
     The returned dict: ``identical``, ``dtype``, ``divergence`` (``first_divergence``'s report or ``None``),
-    ``spread`` and ``tolerance`` (``None`` when not needed) and ``message``, one line to print.
+    ``spread``, ``step`` and ``tolerance`` (``None`` when not needed) and ``message``, one line to print.
     """
     dtype = next(target.parameters()).dtype
-    report = {"identical": True, "dtype": dtype, "divergence": None, "spread": None, "tolerance": None,
+    report = {"identical": True, "dtype": dtype, "divergence": None, "spread": None, "step": None, "tolerance": None,
               "message": "identical to the target alone, token for token"}
     divergence = first_divergence(target, prompt_ids, reference_new, candidate_new)
     if divergence is None:
@@ -145,13 +164,16 @@ def check_same_output(target, prompt_ids, reference_new, candidate_new, gamma: i
         spread = logit_spread(target, context, min(gamma, len(context) - 2))
     margin = divergence["candidate_margin"]
     margin = divergence["top2_margin"] if margin is None else margin  # the candidate stopped: the runner-up's margin
-    report.update(spread=spread, tolerance=2 * spread)
+    step = rounding_step(divergence["top_logit"], dtype)
+    reach = max(spread, step)
+    report.update(spread=spread, step=step, tolerance=2 * reach)
     name = str(dtype).removeprefix("torch.")
-    if margin > 2 * spread:
+    reach_text = (f"the logits of a 1-token and a {gamma + 1}-token forward differ by up to {spread:.3g} here, and "
+                  f"{name} rounds a logit of this size to steps of {step:.3g}")
+    if margin > 2 * reach:
         raise OutputMismatch(f"not the target's output in {name}: {where}, and the candidate's token is "
-                             f"{margin:.3g} below the top one, more than {name} rounding moves a logit between a "
-                             f"1-token and a {gamma + 1}-token forward here (spread {spread:.3g}, × 2): a bug, not "
-                             "numerics.")
-    report["message"] = (f"{where}: a near-tie that {name} rounding can flip (the logits of a 1-token and a "
-                         f"{gamma + 1}-token forward differ by up to {spread:.3g} here), not a bug; identical before it")
+                             f"{margin:.3g} below the top one, more than twice what rounding can move a logit "
+                             f"({reach_text}): a bug, not numerics.")
+    report["message"] = (f"{where}: a near-tie that {name} rounding can flip ({reach_text}), not a bug; "
+                         "identical before it")
     return report
