@@ -12,7 +12,7 @@ the whole reference at once; near a tie all three agree that it is small.)
 
 ``check_same_output`` is the one comparison the notebooks use: identity in fp32, and in bf16/fp16 a
 divergence only where the target's margin is within what rounding can move (measured on this run by
-``logit_spread``).
+``logit_spread``, and never less than one rounding step of the logit: ``rounding_step``).
 """
 
 from __future__ import annotations
