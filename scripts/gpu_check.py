@@ -179,6 +179,12 @@ class Check:
                                     generator=torch.Generator(self.device).manual_seed(0), profile=profile,
                                     **self.target_kwargs(mode))
 
+    def hf_generate(self, n_new: int, **kwargs) -> torch.Tensor:
+        """HF ``generate``'s greedy new tokens ``[n_new]`` for the prompt (``kwargs``: its cache, compile, assistant)."""
+        ids = self.prompt
+        return self.target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n_new, do_sample=False,
+                                    pad_token_id=0, **kwargs)[0, ids.shape[1]:]
+
     def benchmark(self, fns: dict) -> dict:
         """``{name: [(result, seconds)]}``: the functions interleaved, one warm-up, ``repeats`` timed rounds."""
         return interleaved_benchmark({name: (lambda fn=fn: timed(fn, self.device)) for name, fn in fns.items()},
@@ -255,18 +261,22 @@ def print_decoding(base: dict, rows: list) -> None:
               f"{fmt(r['fraction_of_prediction'], '6.0%')}  {describe(r['divergence'])}")
 
 
+def tokens_per_second(runs: dict, n_new: int) -> dict:
+    """``{name: n_new / median seconds}`` for ``Check.benchmark``'s runs."""
+    return {name: n_new / statistics.median(s for _, s in r) for name, r in runs.items()}
+
+
 def hf_comparison(check: Check, draft, gamma: int, n_new: int) -> dict:
     """The same random draft through HF's assisted generation and through ours (eager, greedy)."""
-    target, prompt, mask = check.target, check.prompt, torch.ones_like(check.prompt)
+    target, prompt = check.target, check.prompt
     configure_hf_assistant(draft, gamma)
     fns = {
         "target": lambda: autoregressive_generate(target, prompt, max_new_tokens=n_new, compile=False).row(0),
         "ours": lambda: speculative_generate(target, draft, prompt, max_new_tokens=n_new, gamma=gamma, compile=False),
-        "hf": lambda: target.generate(prompt, attention_mask=mask, assistant_model=draft, max_new_tokens=n_new,
-                                      do_sample=False, pad_token_id=0)[0, prompt.shape[1]:],
+        "hf": lambda: check.hf_generate(n_new, assistant_model=draft),
     }
     runs = check.benchmark(fns)
-    tok_s = {name: n_new / statistics.median(s for _, s in r) for name, r in runs.items()}
+    tok_s = tokens_per_second(runs, n_new)
     ours, hf_tokens = runs["ours"][-1][0], runs["hf"][-1][0]
     assert len(hf_tokens) == n_new, "HF stopped early: random models must have no EOS"
     reference = runs["target"][-1][0]
@@ -283,22 +293,20 @@ def hf_peers(check: Check, drafter, draft, gamma: int, n_new: int, compile_optio
     generation (``assistant_model=draft``, its default caches) beside our compiled draft + target."""
     from transformers import CompileConfig
 
-    target, prompt, mask = check.target, check.prompt, torch.ones_like(check.prompt)
+    target, prompt = check.target, check.prompt
     hf_compile = CompileConfig(backend=compile_options["backend"], mode=compile_options.get("mode"))
     hf_compile._compile_all_devices = True  # HF compiles a static-cache generate on CUDA by itself; this asks it on a CPU too
     configure_hf_assistant(draft, gamma)
     ours = {"compile": True, "compile_options": compile_options}
-    hf = {"attention_mask": mask, "max_new_tokens": n_new, "do_sample": False, "pad_token_id": 0}
     fns = {
         "ours target-only": lambda: autoregressive_generate(target, prompt, max_new_tokens=n_new, **ours).row(0),
-        "HF target-only": lambda: target.generate(prompt, cache_implementation="static", compile_config=hf_compile,
-                                                  **hf)[0, prompt.shape[1]:],
+        "HF target-only": lambda: check.hf_generate(n_new, cache_implementation="static", compile_config=hf_compile),
         "ours speculative": lambda: speculative_generate(target, drafter, prompt, max_new_tokens=n_new, gamma=gamma,
                                                          **ours).row(0),
-        "HF assisted": lambda: target.generate(prompt, assistant_model=draft, **hf)[0, prompt.shape[1]:],
+        "HF assisted": lambda: check.hf_generate(n_new, assistant_model=draft),
     }
     runs = check.benchmark(fns)
-    tok_s = {name: n_new / statistics.median(s for _, s in r) for name, r in runs.items()}
+    tok_s = tokens_per_second(runs, n_new)
     reference = check.reference_new[:n_new]
     divergence = {name: first_divergence(target, prompt, reference, r[-1][0]) for name, r in runs.items()}
     return {"gamma": gamma, "max_new_tokens": n_new, "tok_s": tok_s, "divergence": divergence,
