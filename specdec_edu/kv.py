@@ -409,13 +409,22 @@ def shared_static_cache(model: torch.nn.Module, min_len: int, compile_options: d
     least 256, so that generations of similar length share one cache; a longer one replaces it
     (and compiles again, once). The store holds models weakly: it never keeps a model alive.
     Two ``ModelDrafter``s of one model share its draft cache: each marks it as its own
-    (``StaticKV.holder``) and starts over when it finds the other's mark.
+    (``StaticKV.holder``) and starts over when it finds the other's mark. If compiling fails, the
+    failure is remembered: a later call with the same options raises at once (chained to the first
+    error) instead of spending the compile time again before the caller falls back to eager.
     """
     caches = _shared.setdefault(model, {})
     static, options = caches.get(role), full_compile_options(model.device, compile_options)
+    failed = caches.get((role, "failed"))
+    if failed is not None and failed[0] == options:  # compiling these options failed once: fail fast, not minutes later
+        raise RuntimeError(f"compiling this {role} failed before with these options (not retried)") from failed[1]
     if static is None or static.max_len < min_len or static.compile_options != options:
-        static = new_static_cache(model, max(256, 1 << (min_len - 1).bit_length()), compile=True,
-                                  compile_options=compile_options)
+        try:
+            static = new_static_cache(model, max(256, 1 << (min_len - 1).bit_length()), compile=True,
+                                      compile_options=compile_options)
+        except Exception as exc:  # noqa: BLE001 (a compiler failure; the caller decides to run eager)
+            caches[(role, "failed")] = (options, exc)
+            raise
         caches[role] = static
     static.rollback(static.length)
     static.holder = None

@@ -425,7 +425,7 @@ def tokens_and_one_hot(tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
 def embedded_corpus(folder=None, fraction: float = 1.0, **index_kwargs) -> CorpusIndex:
     """A :class:`CorpusIndex` over the embedded target's own answers (``assets/feature_data``, answers only),
     or over the first ``fraction`` of them (for a curve of speedup against corpus size)."""
-    from .models.feature_drafters import asset_dir  # lazy: models/ imports this package's drafters
+    from .models.assets import asset_dir  # lazy: the models package imports this one
 
     answers = corpus_answers(asset_dir("feature_data") if folder is None else folder)
     index = CorpusIndex(**index_kwargs)

@@ -136,6 +136,31 @@ def test_a_compiler_failure_runs_eager_and_says_why():
     assert base.sequences.tolist() == eager.sequences.tolist() and not base.stats.compiled
 
 
+def test_a_compiler_failure_is_not_retried_and_the_measurements_fall_back_too():
+    """Notebook 07 times forwards (``forward_seconds``, ``VerifyCost``) on the compiled path before it generates:
+    a failing compiler must not stop it there, and a failure is remembered, so later calls do not pay the
+    compile time again before falling back."""
+    from specdec_edu.course.measure import forward_seconds
+
+    calls = []
+
+    def counting_failure(graph, example_inputs):
+        calls.append(1)
+        return failing_backend(graph, example_inputs)
+
+    target = tiny_llama(seed=0)
+    options = {"backend": counting_failure}
+    with pytest.warns(UserWarning, match="compiling the target failed.*requires .target sm_80.*runs eager"):
+        assert forward_seconds(target, 4, context_length=8, repeats=2, compile=True, compile_options=options) > 0
+    tried = len(calls)
+    assert tried >= 1
+    eager = autoregressive_generate(target, PROMPT, max_new_tokens=6, compile=False)
+    with pytest.warns(UserWarning, match="compiling the target failed.*requires .target sm_80"):
+        again = autoregressive_generate(target, PROMPT, max_new_tokens=6, compile=True, compile_options=options)
+    assert len(calls) == tried  # not compiled again
+    assert again.sequences.tolist() == eager.sequences.tolist() and not again.stats.compiled
+
+
 def test_the_module_exports_the_rule():
     assert {"default_dtype", "native_bf16", "dtype_reason"} <= set(devices.__all__)
 

@@ -175,7 +175,12 @@ def test_default_cache_location(monkeypatch):
 
 
 def test_missing_draft_says_how_to_build_it(tmp_path, monkeypatch):
-    monkeypatch.setattr(embedded, "draft_dir", lambda: tmp_path / "draft")
+    """In a clone: build it. In an install without its data files (no scripts/ to run): reinstall."""
+    monkeypatch.setattr(embedded, "draft_dir", lambda: tmp_path / "assets" / "draft")
+    with pytest.raises(EmbeddedModelError, match="reinstall with"):
+        embedded.load_embedded_draft(device="cpu")
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "build_draft.py").write_text("")
     with pytest.raises(EmbeddedModelError, match="python scripts/build_draft.py"):
         embedded.load_embedded_draft(device="cpu")
 
@@ -216,6 +221,28 @@ def test_unreachable_hub_gives_a_clear_error(monkeypatch):
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", offline)
     with pytest.raises(HubUnavailableError, match="load_pair\\('embedded'\\)"):
         embedded.load_pair("qwen2.5", device="cpu")
+
+
+def test_a_hub_download_shows_its_progress_though_the_caller_silenced_it(monkeypatch, capsys):
+    """The notebooks switch the bars off for clean outputs; a 3.7 GB first download must still show them."""
+    import transformers
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+
+    seen = []
+
+    def from_hub(repo_id, dtype):
+        seen.append(are_progress_bars_disabled())
+        return tiny_llama()
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", from_hub)
+    disable_progress_bars()
+    try:
+        embedded._load_from_hub("HuggingFaceTB/SmolLM2-1.7B-Instruct", "cpu", torch.float32)
+        assert seen == [False]  # on during the download
+        assert are_progress_bars_disabled()  # the caller's choice, restored
+    finally:
+        enable_progress_bars()
+    assert "loading HuggingFaceTB/SmolLM2-1.7B-Instruct from the Hugging Face hub" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("cuda, mps, expected", [(True, True, "cuda"), (False, True, "mps"), (False, False, "cpu")])

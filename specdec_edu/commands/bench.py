@@ -79,7 +79,7 @@ PROMPT_SETS = ("default", "open-chat", "input-grounded", "reworded", "tuning-inp
 
 def eval_prompts(name: str) -> list[str]:
     """The prompts of the named set of ``assets/eval/prompts.json`` (``reworded``: the reworded questions)."""
-    from ..models.feature_drafters import asset_dir
+    from ..models.assets import asset_dir
 
     if name == "reworded":
         return [reworded for _, reworded in reworded_pairs()]
@@ -91,7 +91,7 @@ def eval_prompts(name: str) -> list[str]:
 
 def reworded_pairs() -> list[tuple[str, str]]:
     """(original question, the same question reworded), from ``assets/eval/prompts.json``."""
-    from ..models.feature_drafters import asset_dir
+    from ..models.assets import asset_dir
 
     return [tuple(pair) for pair in json.loads((asset_dir("eval") / "prompts.json").read_text())["reworded_pairs"]]
 

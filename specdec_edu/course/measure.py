@@ -114,7 +114,13 @@ def _appending_forward(model, context_length: int, max_new: int, compile: bool, 
     gen = torch.Generator().manual_seed(0)
     context = torch.randint(0, vocab, (1, context_length), generator=gen).to(model.device)
     new = torch.randint(0, vocab, (1, max_new), generator=gen).to(model.device)
-    cache = kv.shared_static_cache(model, context_length + max_new, compile_options) if compile else kv.new_cache(model)
+    if compile:  # where compiling fails (e.g. Triton on an old GPU), time the eager path, as the generation does
+        from ..generate import compiled_or_eager
+
+        cache = compiled_or_eager(lambda: kv.shared_static_cache(model, context_length + max_new, compile_options),
+                                  lambda: kv.new_cache(model), "target")
+    else:
+        cache = kv.new_cache(model)
     kv.forward_cached(model, context, cache, logits_to_keep=1)
 
     @torch.no_grad()

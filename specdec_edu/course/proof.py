@@ -171,8 +171,8 @@ def token_chi2(tokens, p: torch.Tensor, level: float = LEVEL) -> ChiSquareResult
     For a real model: ``p`` is the target's warped distribution at one position, ``tokens`` what a decoder
     emitted there in n independent runs. A token with p = 0 cannot come from p: p-value 0 at once.
     """
-    p = p.double()
-    counts = torch.bincount(torch.as_tensor(tokens).flatten(), minlength=len(p)).double()
+    p = p.double().cpu()  # the test is host arithmetic; p may come from a model on a GPU
+    counts = torch.bincount(torch.as_tensor(tokens).flatten().cpu(), minlength=len(p)).double()
     n = int(counts.sum())
     impossible = int(counts[p == 0].sum())
     observed, expected = _cells(counts, p, n).numpy(), (n * _cells(p, p, n)).numpy()

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from . import weights
+from . import assets, weights
 from .devices import default_device, default_dtype, on_colab
 from .weights import EmbeddedModelError
 
@@ -69,11 +69,10 @@ class HubUnavailableError(RuntimeError):
 
 
 def draft_dir() -> Path:
-    """The embedded draft model's directory: the repository's ``assets/draft/`` (editable
-    installs, a clone) or the copy a regular install puts in ``<prefix>/share/specdec-edu/draft``."""
-    in_repo = Path(__file__).resolve().parents[2] / "assets" / "draft"
-    installed = Path(sys.prefix) / "share" / "specdec-edu" / "draft"
-    if weights.is_complete_checkpoint(in_repo) or not weights.is_complete_checkpoint(installed):
+    """The embedded draft model's directory: the repository's ``assets/draft/`` (a clone, an editable
+    install) or the copy a regular install put under ``share/specdec-edu/draft`` (:mod:`.assets` finds it)."""
+    in_repo, installed = assets.repo_asset_dir("draft"), assets.installed_asset_dir("draft")
+    if weights.is_complete_checkpoint(in_repo) or installed is None or not weights.is_complete_checkpoint(installed):
         return in_repo
     return installed
 
@@ -129,6 +128,25 @@ def quiet_loading():
             disable_progress_bars()
 
 
+@contextlib.contextmanager
+def download_progress():
+    """Show the hub's download bars while a hub model loads, even where the caller switched them off.
+
+    The notebooks switch transformers' bars off (which switches the hub's off too) so that their committed
+    outputs hold no chatter; yet on Colab the first load downloads 3.7 GB, which must not look like a hang.
+    The hub's previous setting is restored afterwards.
+    """
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+
+    hub_off = are_progress_bars_disabled()
+    enable_progress_bars()
+    try:
+        yield
+    finally:
+        if hub_off:
+            disable_progress_bars()
+
+
 def load_embedded_target(device=None, dtype=None):
     """The embedded target model (Q4_1-dequantized SmolLM2-135M-Instruct), ready for inference.
 
@@ -180,14 +198,17 @@ def load_embedded_tokenizer():
 
 
 def load_embedded_draft(device=None, dtype=None):
-    """The embedded draft model from ``assets/draft/`` in this repository."""
+    """The embedded draft model from ``assets/draft/`` (the repository's, or an install's copy: :func:`draft_dir`)."""
     from transformers import AutoModelForCausalLM
 
     path = draft_dir()
     if not weights.is_complete_checkpoint(path):
+        in_a_clone = (path.parent.parent / "scripts" / "build_draft.py").exists()
         raise EmbeddedModelError(
             f"the embedded draft model is missing: {path} has no config.json + model.safetensors.\n"
-            "Build it with:  python scripts/build_draft.py"
+            + ("Build it with:  python scripts/build_draft.py" if in_a_clone else
+               "The install lacks its data files (share/specdec-edu/draft): reinstall with\n"
+               "  pip install --force-reinstall --no-deps git+https://github.com/specdec-edu/specdec-edu")
         )
     with quiet_loading():
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
@@ -224,7 +245,10 @@ def _check_same_vocab(target, draft) -> None:
 def _load_from_hub(repo_id: str, device, dtype):
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(repo_id, dtype=dtype)
+    # One line and the download's bars: the first load fetches the weights (GBs), later ones read the cache.
+    print(f"loading {repo_id} from the Hugging Face hub (downloaded the first time, then cached)", file=sys.stderr)
+    with download_progress():
+        model = AutoModelForCausalLM.from_pretrained(repo_id, dtype=dtype)
     return for_inference(model, device, dtype)
 
 

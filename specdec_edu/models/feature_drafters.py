@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import copy
 import json
-import sys
 import warnings
 from pathlib import Path
 
@@ -49,20 +48,13 @@ from torch import nn
 
 from .. import kv
 from ..drafters import LookupThenDrafter, ModelDrafter, PromptLookupDrafter, draft_loop, no_drafts, sample_rows, to_device
+from .assets import asset_dir
 from .embedded import random_target
 
 __all__ = ["MedusaDrafter", "EagleDrafter", "load_drafter", "DRAFTER_NAMES", "TRAIN_COMMAND"]
 
 DRAFTER_NAMES = ("draft", "medusa", "eagle", "prompt-lookup", "suffix")
 TRAIN_COMMAND = "python scripts/train_feature_drafters.py"
-
-
-def asset_dir(name: str) -> Path:
-    """``assets/<name>`` of the repository (a clone, an editable install) or, for a regular install (e.g.
-    ``pip install git+…`` on Colab), the copy under ``<prefix>/share/specdec-edu/<name>`` (pyproject's data-files)."""
-    in_repo = Path(__file__).resolve().parents[2] / "assets" / name
-    installed = Path(sys.prefix) / "share" / "specdec-edu" / name
-    return installed if not in_repo.exists() and installed.exists() else in_repo
 
 
 # ---- which target a drafter belongs to -------------------------------------------------------------
@@ -459,7 +451,7 @@ def load_drafter(name: str, target: nn.Module, path=None):
     if name == "prompt-lookup":
         return PromptLookupDrafter()
     if name == "suffix":
-        from ..suffix import suffix_drafter_for  # lazy: suffix.py reads asset_dir from this module
+        from ..suffix import suffix_drafter_for  # lazy: suffix.py imports this package's drafters
 
         return suffix_drafter_for(target, path)
     if name == "draft":
