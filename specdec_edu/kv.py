@@ -431,6 +431,18 @@ def shared_static_cache(model: torch.nn.Module, min_len: int, compile_options: d
     return static
 
 
+def existing_static_cache(model: torch.nn.Module, min_len: int, role: str = "target") -> StaticKV | None:
+    """The compiled cache that :func:`shared_static_cache` made for ``model`` earlier, rewound, if it has room for
+    ``min_len`` positions; else None. It never compiles: for a measurement that wants the compiled path only
+    where a generation already paid for it."""
+    static = _shared.get(model, {}).get(role)
+    if static is None or static.max_len < min_len:
+        return None
+    static.rollback(static.length)
+    static.holder = None
+    return static
+
+
 # ---- Version notes ----------------------------------------------------------------------------------
 # How transformers' cache internals changed across TESTED_TRANSFORMERS, and what this module does about each.
 #

@@ -111,17 +111,24 @@ def logit_spread(target, context_ids, gamma: int = 4) -> float:
     The last γ + 1 tokens of ``context_ids`` (``[n]`` or ``[1, n]``, n > γ + 1) are scored twice after the
     same cached prefix: one token per forward (as target-only decoding does) and all γ + 1 in one forward (as
     a verify pass does). Returns the largest absolute difference between the two ``[γ + 1, V]`` logit
-    tables, in float32: about 0 in fp32, a rounding step or more in bf16/fp16.
+    tables, in float32: about 0 in fp32, a rounding step or more in bf16/fp16. Measured eager, and also on
+    the target's compiled cache where a compiled generation made one (on a GPU, by default): compiled
+    kernels round differently from eager ones, and the outputs being compared came from them.
     """
     ids = _as_1d(context_ids, "context_ids").to(target.device)
     if len(ids) <= gamma + 1:
         raise ValueError(f"logit_spread needs more than γ + 1 = {gamma + 1} tokens of context, got {len(ids)}")
+    caches = [kv.new_cache(target), kv.existing_static_cache(target, len(ids))]
+    return max(_spread_on(target, cache, ids, gamma) for cache in caches if cache is not None)
+
+
+def _spread_on(target, cache, ids, gamma: int) -> float:
+    """``logit_spread`` on one cache: the tail one token at a time, then rolled back and scored in one forward."""
     prefix, tail = ids[None, : -(gamma + 1)], ids[None, -(gamma + 1):]
-    one_by_one, together = kv.new_cache(target), kv.new_cache(target)
-    kv.forward_cached(target, prefix, one_by_one)
-    kv.forward_cached(target, prefix, together)
-    single = torch.cat([kv.forward_cached(target, tail[:, i : i + 1], one_by_one).logits[0] for i in range(gamma + 1)])
-    verify = kv.forward_cached(target, tail, together).logits[0]  # [γ + 1, V]
+    kv.forward_cached(target, prefix, cache)
+    single = torch.cat([kv.forward_cached(target, tail[:, i : i + 1], cache).logits[0] for i in range(gamma + 1)])
+    kv.crop(cache, gamma + 1)
+    verify = kv.forward_cached(target, tail, cache).logits[0]  # [γ + 1, V]
     return float((single.float() - verify.float()).abs().max())
 
 
