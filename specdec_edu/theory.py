@@ -127,6 +127,6 @@ def output_distribution(p, q, resample=None) -> torch.Tensor:
 
 
 def total_variation(a, b) -> float:
-    """TV(a, b) = ½ Σ |a − b| for two distributions (any array-likes of equal length)."""
-    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    """TV(a, b) = ½ Σ |a − b| for two distributions (any array-likes of equal length, tensors on any device)."""
+    a, b = (np.asarray(x.detach().cpu() if isinstance(x, torch.Tensor) else x, dtype=float) for x in (a, b))
     return 0.5 * float(np.abs(a - b).sum())

@@ -1,7 +1,9 @@
 import numpy as np
 import pytest
+import torch
 
 from specdec_edu import alpha_for_speedup, alpha_from_tau, expected_speedup, expected_tokens_per_round, optimal_gamma
+from specdec_edu.theory import total_variation
 
 
 def test_limits():
@@ -67,3 +69,21 @@ def test_alpha_for_speedup_inverts_expected_speedup():
     assert alpha_for_speedup(0.5, 3, 0.1, 1.3) == pytest.approx(0.0, abs=1e-8)  # any drafter is that fast
     with pytest.raises(ValueError, match="out of reach.*even alpha = 1 gives 2.00x"):
         alpha_for_speedup(2.5, 3, 0.0, 2.0)  # 4 tokens per round at best, for a round costing 2 steps
+
+
+class OnTheGPU(torch.Tensor):
+    """A tensor that, like a CUDA one, refuses numpy until moved to the host with ``.cpu()``."""
+
+    def __array__(self, *args, **kwargs):
+        raise TypeError("can't convert cuda:0 device type tensor to numpy. Use Tensor.cpu() first")
+
+    def cpu(self, *args, **kwargs):
+        return self.as_subclass(torch.Tensor)
+
+
+def test_total_variation_takes_tensors_on_a_device():
+    """Notebook 05 passes the target's distributions, which live on the GPU there."""
+    a, b = torch.tensor([0.5, 0.5, 0.0]).as_subclass(OnTheGPU), torch.tensor([0.25, 0.25, 0.5]).as_subclass(OnTheGPU)
+    with pytest.raises(TypeError, match="cuda"):
+        np.asarray(a)  # the stand-in refuses, as CUDA does
+    assert total_variation(a, b) == pytest.approx(0.5)
