@@ -59,8 +59,14 @@ def test_a_regular_install_outside_sys_prefix_loads_the_draft(tmp_path):
     for name in SHIPPED:
         shutil.copytree(ROOT / "assets" / name, src / "assets" / name)
     prefix = tmp_path / "prefix"
+    ours = importlib.metadata.distribution("specdec-edu").version  # the test environment's own install
+    # --ignore-installed: without it pip first uninstalls the environment's install (the editable one the rest
+    # of the suite and the notebooks import), even though it writes the new one under --prefix.
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                    "--prefix", str(prefix), str(src)], check=True, capture_output=True, timeout=300, cwd=tmp_path)
+                    "--ignore-installed", "--prefix", str(prefix), str(src)],
+                   check=True, capture_output=True, timeout=300, cwd=tmp_path)
+    importlib.metadata.distribution("specdec-edu")  # still installed here: raises PackageNotFoundError if not
+    assert importlib.metadata.version("specdec-edu") == ours
     site_packages = next(prefix.glob("lib/python*/site-packages"))
     script = (
         "import specdec_edu, sys\n"
