@@ -6,6 +6,7 @@
     python scripts/execute_notebooks.py --scratch --quick     # check they run: copies, quick settings, a table
     SPECDEC_EDU_SEED=1 python scripts/execute_notebooks.py --scratch --out run2   # the second run of a truth pass
     python scripts/execute_notebooks.py --check-only run2/*.ipynb                  # its checks, without running
+    python scripts/execute_notebooks.py --scratch --quick --jobs 4 --deadline 540   # the GPU stage: side by side, bounded
 
 ``--scratch`` writes the executed copies to a temporary folder (``--out DIR`` to keep them) and leaves the
 committed notebooks untouched; a failing notebook is reported and the next one runs. ``--quick`` runs the
@@ -26,6 +27,16 @@ bars are removed, with their stored widget state: GitHub shows a bar's first fra
 it tracked is printed by the cell anyway. Sliders and other real widgets are kept.
 Run it on a quiet machine: several notebooks print timings, and their prose is checked against them
 (``tests/test_notebook_claims.py``).
+
+Two options are for a machine that is lent by the minute (the GPU stage, ``scripts/gpu_course_checks.sh``), and
+work with ``--scratch`` only. ``--jobs N`` runs N notebooks side by side, each in its own kernel, with the CPU's
+threads split between them (``OMP_NUM_THREADS``, unless set): most of a notebook's first minute on a GPU is
+compiling, which is CPU work, and the compiled code lands in a cache on disk that the later notebooks reuse.
+Their timings then disturb each other, so their prose checks are no evidence (the mode is for ``--quick``). The
+table keeps the notebooks' order. ``--deadline S`` bounds the whole run to S seconds: a cell still running then
+is stopped by the kernel client's own cell timeout (its copy is kept, up to that cell), a notebook not started by
+then is not started, and both are FAIL rows of a table that is still printed; a ``timeout`` around the script would
+kill it before the table and leave no word on which notebooks ran.
 """
 
 from __future__ import annotations
@@ -36,10 +47,12 @@ import re
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
+from nbclient.exceptions import CellTimeoutError
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the package, from a checkout
@@ -79,11 +92,12 @@ def drop_progress_bars(nb) -> int:
     return removed
 
 
-def execute(path: Path, timeout: int, destination: Path | None = None) -> float:
+def execute(path: Path, timeout: int, destination: Path | None = None, deadline: float | None = None) -> float:
     """Run ``path`` top to bottom in a fresh kernel (from its own folder) and write the result to ``destination``
     (default: over ``path``); returns the seconds it took. Raises what the kernel raised; a copy that fails is
     written all the same, up to the failing cell and its traceback (never over ``path``: a committed notebook keeps
-    its outputs)."""
+    its outputs). ``timeout``: seconds a cell may take; ``deadline`` (a ``time.monotonic()`` instant): no cell runs
+    past it (each cell's timeout is cut to the time left)."""
     nb = nbformat.read(path, as_version=4)
     skipped = {}
     for i, cell in enumerate(nb.cells):  # skip tagged cells: keep their source, run nothing
@@ -92,6 +106,8 @@ def execute(path: Path, timeout: int, destination: Path | None = None) -> float:
             cell.source = ""
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}},
                             record_timing=False, store_widget_state=True)
+    if deadline is not None:  # at least 1 s: the client reads a timeout of 0 as "none"
+        client.timeout_func = lambda cell: max(1, min(timeout, int(deadline - time.monotonic())))
     start = time.perf_counter()
     try:
         client.execute()
@@ -128,9 +144,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=None, help="with --scratch: keep the executed copies here")
     ap.add_argument("--quick", action="store_true", help="SPECDEC_EDU_QUICK=1: the notebooks' quick settings")
     ap.add_argument("--check-only", action="store_true", help="run nothing: evaluate the prose checks of the notebooks given")
+    ap.add_argument("--jobs", type=int, default=1, help="with --scratch: run this many notebooks side by side")
+    ap.add_argument("--deadline", type=float, default=None,
+                    help="with --scratch: seconds for the whole run; what is unfinished then is a FAIL row")
     args = ap.parse_args(argv)
-    if args.out is not None and not args.scratch:
-        ap.error("--out needs --scratch (without it the notebooks are executed in place)")
+    for given, name in [(args.out is not None, "--out"), (args.jobs != 1, "--jobs"), (args.deadline is not None, "--deadline")]:
+        if given and not args.scratch:
+            ap.error(f"{name} needs --scratch (without it the notebooks are executed in place, one by one, to the end)")
+    if args.jobs < 1 or (args.deadline is not None and args.deadline <= 0):
+        ap.error("--jobs must be at least 1 and --deadline a positive number of seconds")
     if args.check_only and (args.scratch or args.quick):
         ap.error("--check-only runs nothing: drop --scratch and --quick")
     args.notebooks = [p.resolve() for p in args.notebooks] or sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -161,27 +183,43 @@ def main(argv=None) -> int:
     os.environ["SPECDEC_EDU_QUICK"] = "1" if args.quick else "0"  # the kernels inherit it
     # the kernels import this checkout's package, not whichever copy the environment has installed
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    if args.jobs > 1:  # N kernels share the CPU: each gets its share of threads, not all of them
+        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.jobs)))
     out_dir = None
     if args.scratch:
         out_dir = args.out or Path(tempfile.mkdtemp(prefix="notebooks_scratch_"))
         out_dir.mkdir(parents=True, exist_ok=True)
         print(f"scratch mode: executed copies go to {out_dir}; the committed notebooks stay as they are", flush=True)
-    rows = []
-    for path in args.notebooks:
+    started = time.monotonic()
+    deadline = None if args.deadline is None else started + args.deadline
+
+    def run_one(path: Path) -> tuple:
+        """One notebook's row of the table; in place, a failure is raised (the run stops there)."""
+        if deadline is not None and time.monotonic() >= deadline - 1:
+            return (path.name, None, f"FAIL: not started: the {args.deadline:.0f} s deadline had passed", load_average())
         destination = out_dir / path.name if out_dir else path
         try:
-            seconds = execute(path, args.timeout, destination)
+            seconds = execute(path, args.timeout, destination, deadline)
             # quick settings record other values than the prose describes: its checks are for the full settings
             executed = nbformat.read(destination, as_version=4)
             result = "pass (checks not evaluated: --quick)" if args.quick else check_result(executed)
-            rows.append((path.name, seconds, result, load_average()))
+            return (path.name, seconds, result, load_average())
         except Exception as exc:  # noqa: BLE001 (a failing notebook is a row of the table, not the end of the run)
             if not args.scratch:
                 raise
             last_line = ANSI.sub("", (str(exc).strip().splitlines() or [type(exc).__name__])[-1])[:120]
-            rows.append((path.name, None, f"FAIL: {last_line}", load_average()))
+            if isinstance(exc, CellTimeoutError) and deadline is not None and time.monotonic() >= deadline - 1:
+                last_line = f"stopped at the {args.deadline:.0f} s deadline (its copy has the cells that ran)"
             print(f"{path.name}: FAIL: {last_line}", flush=True)
+            return (path.name, None, f"FAIL: {last_line}", load_average())
+
+    if args.jobs == 1:
+        rows = [run_one(path) for path in args.notebooks]
+    else:  # threads are enough: each notebook's work happens in its own kernel process
+        with ThreadPoolExecutor(args.jobs) as pool:
+            rows = list(pool.map(run_one, args.notebooks))  # in the notebooks' order, whichever ends first
     print(format_table(rows), flush=True)
+    print(f"{len(rows)} notebooks in {time.monotonic() - started:.0f} s, {args.jobs} at a time", flush=True)
     return 0 if all(row[2].startswith("pass") for row in rows) else 1
 
 

@@ -1,6 +1,8 @@
 """scripts/execute_notebooks.py: its arguments, its table, and that --scratch leaves the notebook it runs untouched."""
 
+import os
 import sys
+import textwrap
 from pathlib import Path
 
 import nbformat
@@ -17,6 +19,14 @@ def test_arguments():
     assert len(args.notebooks) == 12
     with pytest.raises(SystemExit):
         execute_notebooks.parse_args(["--out", "somewhere"])  # --out without --scratch would mean "in place"
+    for in_place_only_one_by_one in (["--jobs", "2"], ["--deadline", "60"]):  # the committed outputs: never bounded
+        with pytest.raises(SystemExit):
+            execute_notebooks.parse_args(in_place_only_one_by_one)
+    for nonsense in (["--jobs", "0"], ["--deadline", "0"]):
+        with pytest.raises(SystemExit):
+            execute_notebooks.parse_args(["--scratch", *nonsense])
+    args = execute_notebooks.parse_args(["--scratch", "--jobs", "4", "--deadline", "540"])
+    assert (args.jobs, args.deadline) == (4, 540)
 
 
 def test_the_table_lists_every_notebook():
@@ -54,15 +64,20 @@ def test_a_run_passes_only_if_its_checks_hold(tmp_path, capsys):
         execute_notebooks.parse_args(["--check-only", "--scratch"])  # it runs nothing
 
 
+def write_notebook(path: Path, source: str) -> Path:
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source)])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, path)
+    return path
+
+
 def test_scratch_runs_copies_and_reports_failures(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("SPECDEC_EDU_QUICK", "0")
     monkeypatch.setenv("PYTHONPATH", "")  # main() sets both for its kernels; restored after the test
     good, bad = tmp_path / "00_good.ipynb", tmp_path / "01_bad.ipynb"
     report = "import os\nimport specdec_edu\nprint('quick', os.environ['SPECDEC_EDU_QUICK'], specdec_edu.__file__)"
     for path, source in [(good, report), (bad, "1 / 0")]:
-        nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source)])
-        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-        nbformat.write(nb, path)
+        write_notebook(path, source)
     before, bad_before = good.read_text(), bad.read_text()
     out = tmp_path / "out"
     status = execute_notebooks.main([str(good), str(bad), "--scratch", "--quick", "--out", str(out)])
@@ -75,6 +90,45 @@ def test_scratch_runs_copies_and_reports_failures(tmp_path, capsys, monkeypatch)
     table = capsys.readouterr().out
     assert "00_good.ipynb" in table and "pass (checks not evaluated: --quick)" in table
     assert "01_bad.ipynb" in table and "ZeroDivisionError" in table
+
+
+def test_jobs_run_notebooks_side_by_side_and_a_deadline_still_prints_the_table(tmp_path, capsys, monkeypatch):
+    """Two notebooks that each wait for the other (a file each, up to 60 s) pass only side by side (--jobs 2).
+    The negative control, one by one under a 6 s deadline: the first is stopped at the deadline, the second is
+    never started, and the table still names both."""
+    monkeypatch.setenv("SPECDEC_EDU_QUICK", "0")
+    monkeypatch.setenv("PYTHONPATH", "")
+    # main() sets OMP_NUM_THREADS for side-by-side kernels: unset here, and unset again after the test (setenv
+    # records the value to restore, also "not set"; a bare delenv of an unset variable records nothing)
+    monkeypatch.setenv("OMP_NUM_THREADS", "")
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    waits = textwrap.dedent("""\
+        import os, pathlib, time
+        here, other = pathlib.Path({!r}), pathlib.Path({!r})
+        here.touch()
+        end = time.monotonic() + 60
+        while not other.exists() and time.monotonic() < end:
+            time.sleep(0.1)
+        assert other.exists(), "the other notebook never ran beside this one"
+        print("threads", os.environ["OMP_NUM_THREADS"])""")
+    flags = tmp_path / "a.flag", tmp_path / "b.flag"
+    paths = [write_notebook(tmp_path / "00_a.ipynb", waits.format(str(flags[0]), str(flags[1]))),
+             write_notebook(tmp_path / "01_b.ipynb", waits.format(str(flags[1]), str(flags[0])))]
+    out = tmp_path / "together"
+    assert execute_notebooks.main([*map(str, paths), "--scratch", "--jobs", "2", "--deadline", "120", "--out", str(out)]) == 0
+    table = capsys.readouterr().out.splitlines()[:-1]  # the last line: "2 notebooks in N s, 2 at a time"
+    assert [line.split()[0] for line in table[-2:]] == ["00_a.ipynb", "01_b.ipynb"]  # the notebooks' order
+    ran = nbformat.read(out / "00_a.ipynb", as_version=4)
+    assert ran.cells[0].outputs[0]["text"].split() == ["threads", str(max(1, os.cpu_count() // 2))]
+
+    for flag in flags:
+        flag.unlink()
+    out = tmp_path / "one_by_one"
+    assert execute_notebooks.main([*map(str, paths), "--scratch", "--deadline", "6", "--out", str(out)]) == 1
+    table = capsys.readouterr().out.splitlines()[:-1]
+    assert "FAIL: stopped at the 6 s deadline" in table[-2] and table[-2].startswith("00_a.ipynb")
+    assert "FAIL: not started: the 6 s deadline had passed" in table[-1] and table[-1].startswith("01_b.ipynb")
+    assert (out / "00_a.ipynb").exists() and not (out / "01_b.ipynb").exists()
 
 
 def test_a_notebook_that_fails_in_place_keeps_its_committed_outputs(tmp_path):
