@@ -149,9 +149,12 @@ def reversed_suffix_array(tokens: np.ndarray, depth: int) -> np.ndarray:
     position order, harmless: no match is longer than ``depth``). ``tokens`` ``[n]`` int32 (≥ 0 or
     ``SEPARATOR``); returns int32 ``[n]``. Memory: a few int64 arrays of n during the build.
     """
-    rev = tokens[::-1].astype(np.int64) + 1  # SEPARATOR → 0, token t → t + 1 (0 also pads past the end)
+    rev = tokens[::-1].astype(np.int64)
     n = len(rev)
-    rank, k = rev, 1
+    # dense ranks 1, 2, … of the first token (SEPARATOR first; 0 pads past the end): the loop's test "the largest
+    # rank is n" means "all distinct" only for dense ranks. Raw ids would pass it whenever an id is ≥ n (a small
+    # chunk of a 49k vocabulary) and leave the array sorted on one token.
+    rank, k = np.unique(rev, return_inverse=True)[1].reshape(-1) + 1, 1
     order = np.argsort(rank, kind="stable")
     while k < depth and int(rank.max()) < n:  # all ranks distinct: the order is final
         shifted = np.zeros(n, dtype=np.int64)
@@ -206,7 +209,7 @@ class _Chunk:
 
     def ends(self, lo: int, hi: int, limit: int) -> np.ndarray:
         """Positions in the whole stream where the occurrences in [lo, hi) ended (at most ``limit``, evenly spread)."""
-        step = max(1, (hi - lo) // limit)
+        step = max(1, -(-(hi - lo) // limit))  # ⌈count / limit⌉: a floor would keep up to 2 · limit − 1
         return self.stop - 1 - self.sa[lo:hi:step].astype(np.int64)
 
 
@@ -302,11 +305,13 @@ class CorpusIndex:
         return total
 
     def save(self, path) -> None:
-        """One ``.npz``: the stream, each chunk's bounds and suffix array (load does no sorting)."""
+        """One ``.npz`` file at exactly ``path`` (the name is kept as given, so ``load(path)`` finds it): the stream,
+        each chunk's bounds and suffix array (load does no sorting)."""
         arrays = {"tokens": self.tokens, "bounds": np.array([[c.start, c.stop] for c in self.chunks], dtype=np.int64)
                   .reshape(-1, 2), "max_match": np.array(self.max_match), "max_occurrences": np.array(self.max_occurrences)}
         arrays.update({f"sa_{i}": c.sa for i, c in enumerate(self.chunks)})
-        np.savez(path, **arrays)
+        with open(path, "wb") as f:  # given a file name, np.savez would append ".npz" to one that lacks it
+            np.savez(f, **arrays)
 
     @classmethod
     def load(cls, path) -> CorpusIndex:
@@ -376,9 +381,12 @@ class SuffixDrafter:
                              "SuffixDrafter() with an empty corpus.")
 
     def _sync(self, context: torch.Tensor) -> None:
-        """Bring the request index up to ``context`` ``[n]``: O(new tokens) when it extends the last one."""
+        """Bring the request index up to ``context`` ``[n]``: O(new tokens) of indexing when it extends the last one.
+
+        "Extends" is checked on the whole indexed prefix (one array comparison, microseconds), not on its last token:
+        an unrelated prompt that happens to share the token at that position must not inherit the old request."""
         n_seen = len(self.request)
-        if n_seen and (len(context) < n_seen or int(context[n_seen - 1]) != self.request._list[-1]):
+        if n_seen and (len(context) < n_seen or not np.array_equal(context[:n_seen].numpy(), self.request.tokens)):
             self.request.reset()  # not an extension (a new prompt without reset()): index it from scratch
             n_seen = 0
         self.request.extend(context[n_seen:].tolist())

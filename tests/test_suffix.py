@@ -46,30 +46,53 @@ def brute_longest(docs, context, max_match) -> int:
 # ---- the corpus index: a suffix array of the reversed stream --------------------------------------
 
 
-def test_reversed_suffix_array_sorts_reversed_prefixes_to_the_depth():
-    tokens = np.array([3, 1, 3, 1, 2, SEPARATOR, 3, 1, 3], dtype=np.int32)
-    depth = 4
-    sa = reversed_suffix_array(tokens, depth)
-    rev = list(tokens[::-1] + 1) + [0] * depth  # the order the array uses: separator and past-the-end as 0
-    keys = [rev[i: i + depth] for i in sa]
-    assert sorted(sa.tolist()) == list(range(len(tokens))) and keys == sorted(keys)
+# Token ids as a real tokenizer gives them: in the tens of thousands, more than a small chunk has tokens. The first
+# suffix array took raw ids for ranks and, whenever an id was at least the chunk's length, skipped every doubling
+# round: sorted on one token, it missed or invented matches (an answer added online was a 41-token chunk).
+LARGE_IDS = 40_000
 
 
+@pytest.mark.parametrize("offset", [0, LARGE_IDS])
+def test_reversed_suffix_array_sorts_reversed_prefixes_to_the_depth(offset):
+    small = np.array([3, 1, 3, 1, 2, SEPARATOR, 3, 1, 3], dtype=np.int32)
+    rng = np.random.default_rng(7)
+    for tokens in (small, rng.integers(0, 3, 60).astype(np.int32)):
+        tokens = np.where(tokens == SEPARATOR, SEPARATOR, tokens + offset).astype(np.int32)
+        depth = 4
+        sa = reversed_suffix_array(tokens, depth)
+        rev = list(tokens[::-1].astype(np.int64) + 1) + [0] * depth  # the order: separator and past-the-end first
+        keys = [rev[i: i + depth] for i in sa]
+        assert sorted(sa.tolist()) == list(range(len(tokens))) and keys == sorted(keys)
+
+
+@pytest.mark.parametrize("offset", [0, LARGE_IDS])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_longest_match_and_counts_agree_with_brute_force(seed):
-    docs = random_docs(seed, n_docs=30, length=40, vocab=4)
+def test_longest_match_and_counts_agree_with_brute_force(seed, offset):
+    docs = [d + offset for d in random_docs(seed, n_docs=30, length=40, vocab=4)]
     index = CorpusIndex(max_match=6, max_occurrences=10**6)
-    index.add_many(docs)
+    index.add_many(docs[:20])
+    for d in docs[20:]:  # online, each its own small chunk until merged
+        index.add(d)
     rng = np.random.default_rng(100 + seed)
     for _ in range(20):
-        context = rng.integers(0, 4, 8).tolist()
+        context = (rng.integers(0, 4, 8) + offset).tolist()
         m, ends = index.longest_match(context)
         assert m == brute_longest(docs, context, 6)
         if m:
             assert sorted(ends.tolist()) == brute_ends(docs, context[-m:])
         pattern = context[-3:]
         assert index.count(pattern) == len(brute_ends(docs, pattern))
-    assert index.count([7]) == 0  # a token the corpus never saw
+    assert index.count([7 + offset]) == 0  # a token the corpus never saw
+
+
+def test_occurrences_per_chunk_are_capped_at_max_occurrences():
+    """The continuation counts read at most ``max_occurrences`` occurrences per chunk, spread over all of them."""
+    index = CorpusIndex(max_match=4, max_occurrences=256)
+    index.add_many([[1, 2]] * 511)
+    m, ends = index.longest_match([1])
+    assert index.count([1]) == 511 and m == 1
+    assert 128 < len(ends) <= 256 and ends.min() == 0  # evenly spread: the first occurrence and the last stretch
+    assert ends.max() > 3 * 511 * 3 // 4
 
 
 def test_add_extends_the_index_online_in_merged_chunks():
@@ -88,12 +111,14 @@ def test_add_extends_the_index_online_in_merged_chunks():
     assert all(2 * b < a for a, b in zip(sizes, sizes[1:]))  # the log-structured invariant: sizes at least halve
 
 
-def test_save_and_load_round_trip(tmp_path):
+@pytest.mark.parametrize("name", ["index.npz", "index"])  # a name without ".npz" is kept as given, not extended
+def test_save_and_load_round_trip(tmp_path, name):
     index = CorpusIndex(max_match=5)
     for d in random_docs(4, n_docs=20, length=30, vocab=5):
         index.add(d)
-    index.save(tmp_path / "index.npz")
-    loaded = CorpusIndex.load(tmp_path / "index.npz")
+    index.save(tmp_path / name)
+    assert [p.name for p in tmp_path.iterdir()] == [name]
+    loaded = CorpusIndex.load(tmp_path / name)
     assert np.array_equal(loaded.tokens, index.tokens) and loaded.max_match == index.max_match
     assert [(c.start, c.stop) for c in loaded.chunks] == [(c.start, c.stop) for c in index.chunks]
     for context in ([0, 1], [2, 3, 4, 0], [1]):
@@ -170,6 +195,10 @@ def test_drafter_uses_the_request_and_reindexes_an_unrelated_context():
     assert tokens.tolist() == [3, 4, 5, 1] and drafter.last == {"source": "request", "match": 2, "probs": [1.0] * 4}
     tokens, _ = drafter.propose(torch.tensor([8, 9, 8]), gamma=4)  # not an extension: indexed from scratch
     assert tokens.tolist() == [9, 8] and len(drafter.request) == 3
+    # longer, and with the old request's last token at that request's last position, yet unrelated: from scratch too
+    unrelated = torch.tensor([4, 4, 8, 6])
+    tokens, _ = drafter.propose(unrelated, gamma=4)
+    assert drafter.request._list == unrelated.tolist() and tokens.tolist() == []
 
 
 # ---- exactness on tiny models -------------------------------------------------------------------------
