@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from . import kv
 from .drafters import ModelDrafter, draft_loop
-from .models.shapes import head_rows, max_positions
+from .models.shapes import head_rows, max_positions, sliding_window
 from .result import GenerationResult, GenerationStats, PhaseClock, RoundRecorder
 from .round import round_gamma, speculative_round
 from .sampling import GenerationConfig, nonfinite_logits_error
@@ -139,6 +139,25 @@ def _recorders(target, attention_mask, config: GenerationConfig, clock: PhaseClo
             for n in attention_mask.sum(-1).tolist()]
 
 
+def check_window(target, prompt_width: int, max_new_tokens: int, gamma: int) -> None:
+    """Refuse a sliding-window target whose window a batch's cache could outgrow.
+
+    transformers counts the window in cache *slots*, and this loop keeps rejected drafts in the cache as masked
+    slots: a row whose window holds masked slots sees fewer than W real tokens, and its output is no longer the
+    target's. Each round adds at most γ + 1 slots and emits at least one token, so a cache of prompt width +
+    max_new_tokens · (γ + 1) slots bounds the run; a window at least that long holds every slot, and stays exact.
+    (The draft's window matters only for α: q is what it sampled from, whatever it saw.)"""
+    window, slots = sliding_window(target), prompt_width + max_new_tokens * (gamma + 1)
+    if window is not None and window < slots:
+        raise ValueError(
+            f"the target attends within a sliding window of {window} positions, and batched speculative decoding keeps "
+            f"rejected drafts in its cache as masked slots, which the window counts: up to {slots} slots here (prompt "
+            f"width {prompt_width} + max_new_tokens {max_new_tokens} × (γ + 1 = {gamma + 1})), so a row would see fewer "
+            f"than {window} real tokens and its output would not be the target's. Decode the prompts one at a time "
+            "(speculative_generate with one prompt), batch them without a draft (autoregressive_generate), or lower "
+            f"max_new_tokens or γ until the slots fit in the window.")
+
+
 @torch.no_grad()
 def batched_speculative_generate(target, drafter: ModelDrafter, input_ids, attention_mask, config: GenerationConfig, *,
                                  gamma: int, generator=None, accept_fn=None, profile=False) -> GenerationResult:
@@ -146,6 +165,7 @@ def batched_speculative_generate(target, drafter: ModelDrafter, input_ids, atten
     if not isinstance(drafter, ModelDrafter):
         raise ValueError("batched speculative decoding needs a draft model; run a drafter object "
                          "(e.g. prompt lookup, EAGLE, Medusa) one prompt at a time.")
+    check_window(target, input_ids.shape[1], config.max_new_tokens, gamma)
     clock = PhaseClock(input_ids.device, profile)
     rows, batch = _recorders(target, attention_mask, config, clock), GenerationStats()  # batch: its rounds and times
     draft_limit = max_positions(drafter.model)

@@ -10,7 +10,8 @@ import pytest
 import torch
 from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from specdec_edu import ModelDrafter, kv, speculative_generate
+from specdec_edu import ModelDrafter, autoregressive_generate, kv, speculative_generate
+from specdec_edu.models.shapes import sliding_window
 
 WINDOW = 8
 SHAPE = dict(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -99,3 +100,42 @@ def test_compiled_path_past_the_window_equals_generate(pair):
                                    compile_options={"backend": "aot_eager"})
         assert out.stats.compiled and out.stats.accepted < out.stats.drafted  # rejections: the caches rolled back
         assert out.row(0).tolist() == ref[0, prompt.shape[1]:].tolist(), gamma
+
+
+# ---- the batched loop: masked slots inside the window ---------------------------------------------------------------
+
+
+def test_sliding_window_is_read_from_the_config():
+    assert sliding_window(mistral(0)) == WINDOW and sliding_window(hybrid_qwen2(0)) == WINDOW
+    assert sliding_window(tiny(MistralConfig, MistralForCausalLM, 0, sliding_window=None)) is None
+    assert sliding_window(tiny(Qwen2Config, Qwen2ForCausalLM, 0, sliding_window=WINDOW)) is None  # use_sliding_window off
+    assert sliding_window(tiny(Qwen2Config, Qwen2ForCausalLM, 0, use_sliding_window=True, sliding_window=WINDOW,
+                               max_window_layers=2)) is None  # every layer below max_window_layers: full attention
+
+
+def left_padded(prompts):
+    width = max(map(len, prompts))
+    ids, mask = torch.zeros(len(prompts), width, dtype=torch.long), torch.zeros(len(prompts), width, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):], mask[i, width - len(p):] = torch.tensor(p), 1
+    return ids, mask
+
+
+def test_batched_refuses_a_window_its_cache_could_outgrow(pair):
+    """A batch keeps rejected drafts as masked slots, and the window counts slots: with W = 8, a row would see fewer
+    than 8 real tokens (the first version gave another output than the target's from the second new token)."""
+    target, _, unrelated = pair
+    ids, mask = left_padded([list(range(1, 13)), list(range(20, 26))])
+    with pytest.raises(ValueError, match=r"sliding window of 8 positions.*one at a time"):
+        speculative_generate(target, unrelated, ids, attention_mask=mask, max_new_tokens=30, gamma=4)
+
+
+def test_batched_within_the_window_is_each_rows_own_output():
+    """Where every slot fits in the window (6 + 10 × 5 = 56 ≤ 64), the batch is exact: row by row, greedy, fp32."""
+    target, draft = (tiny(MistralConfig, MistralForCausalLM, seed, sliding_window=64) for seed in (0, 1))
+    prompts = [[1, 2, 3, 4, 5, 6], [20, 21, 22]]
+    ids, mask = left_padded(prompts)
+    out = speculative_generate(target, draft, ids, attention_mask=mask, max_new_tokens=10, gamma=4)
+    for i, p in enumerate(prompts):
+        alone = autoregressive_generate(target, torch.tensor([p]), max_new_tokens=10)
+        assert out.row(i).tolist() == alone.row(0).tolist()
