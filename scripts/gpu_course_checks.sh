@@ -8,6 +8,11 @@
 #   DEVICE=cpu COLD_PATHS=default bash scripts/gpu_course_checks.sh smoke; SIZE=tiny bash scripts/gpu_course_checks.sh 7b
 #                                                 # a CPU rehearsal of the plumbing (see scripts/gpu_wheels.sh)
 #
+# One lease is 15 minutes of device time, the machine's start (a minute or two) included, and one command runs at
+# most 600 s: it holds the notebooks stage (its deadline, 540 s, leaves room for the install and the archive) and
+# then, while the machine is warm, as much of smoke as the time left allows (each smoke step writes its file as it
+# goes, so a cut run still returns what ran). The 7b stage needs a lease of its own.
+#
 # The notebooks stage needs the Jupyter stack, which the GPU image lacks: run `bash scripts/gpu_wheels.sh` here
 # first and name .whl in the device tool's `carry`; this script installs what .whl/ holds (into /tmp/site).
 # It runs the default path (on a GPU that is not Colab: the embedded pair, fp32, compiled); prefix
