@@ -43,8 +43,13 @@ def validate_prompts(target, input_ids, attention_mask, generator):
     """Check the prompts (and the generator) against the target; return ids ``[B, n]`` and mask ``[B, n]`` on its device."""
     if input_ids.dim() == 1:
         input_ids = input_ids[None]
+        attention_mask = attention_mask[None] if attention_mask is not None and attention_mask.dim() == 1 else attention_mask
     if input_ids.dim() != 2 or input_ids.shape[-1] == 0 or input_ids.shape[0] == 0:
         raise ValueError(f"input_ids must be a non-empty [batch, n] LongTensor of token ids, got shape {tuple(input_ids.shape)}")
+    if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
+        raise ValueError(f"input_ids of dtype {input_ids.dtype}: token ids are integers (a tokenizer's return_tensors='pt' "
+                         "gives them as int64).")
+    input_ids = input_ids.long()  # int32 ids (numpy, some tokenizers) would reach drafters that index with them
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
     elif attention_mask.shape != input_ids.shape:
@@ -350,8 +355,8 @@ def speculative_generate(
     while not row.stats.stopped_by:
         drafts, n, next_token, phases = speculative_round(loop, round_gamma(gamma, [row]), config, accept_fn, generator, clock)
         loop.emit(row.add(drafts, n, next_token, phases))
-    return GenerationResult(prompt[None], [row.tokens], pad_token_id=pad_token_id, stats=row.stats, row_stats=[row.stats],
-                            token_sources=[row.sources])
+    return GenerationResult(ids, [row.tokens], pad_token_id=pad_token_id, stats=row.stats, row_stats=[row.stats],
+                            token_sources=[row.sources])  # the prompt as given: left padding kept, as for a batch
 
 
 @torch.no_grad()
@@ -385,7 +390,7 @@ def autoregressive_generate(
     prompt = ids[0][mask[0].bool()]
     cache = target_cache(target, compile, compile_options, len(prompt) + max_new_tokens)  # compiles before the clock
     stats = GenerationStats(compiled=isinstance(cache, kv.StaticKV))  # False if compiling failed
-    max_pos, clock = max_positions(target), PhaseClock(prompt.device, False)
+    max_pos, clock, eos = max_positions(target), PhaseClock(prompt.device, False), config.eos
     new: list[int] = []
     logits = kv.forward_cached(target, prompt[None], cache, logits_to_keep=1).logits[0, -1]  # prefill → first next-token logits
     while True:
@@ -396,7 +401,7 @@ def autoregressive_generate(
         new.append(token_id)
         if not stats.rounds:  # the prefill's forward made the first token
             stats.prefill_seconds = clock.lap()
-        stats.stopped_by = stop_reason(len(new), len(prompt) + len(new), token_id in config.eos, max_new_tokens, max_pos)
+        stats.stopped_by = stop_reason(len(new), len(prompt) + len(new), token_id in eos, max_new_tokens, max_pos)
         if stats.stopped_by:
             break
         logits = kv.forward_cached(target, token.view(1, 1), cache).logits[0, -1]  # one forward, one new token
@@ -406,5 +411,5 @@ def autoregressive_generate(
     stats.verify_seconds += clock.lap()  # the last token's sampling and read
     stats.new_tokens = len(new)
     stats.seconds = clock.elapsed()
-    return GenerationResult(prompt[None], [new], pad_token_id=pad_token_id, stats=stats, row_stats=[stats],
-                            token_sources=[["target"] * len(new)])
+    return GenerationResult(ids, [new], pad_token_id=pad_token_id, stats=stats, row_stats=[stats],
+                            token_sources=[["target"] * len(new)])  # the prompt as given, as above

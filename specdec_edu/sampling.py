@@ -113,10 +113,15 @@ class GenerationConfig:
 
     @property
     def eos(self) -> frozenset[int]:
-        """The token ids that end a sequence (generation stops right after one)."""
+        """The token ids that end a sequence (generation stops right after one): from an int, a list or tuple of
+        ints, a tensor or a numpy integer, as ``generate`` accepts them. Python ints, so that ``token in eos`` finds a
+        host token id (a set of tensors would hash each by identity and never match)."""
         if self.eos_token_id is None:
             return frozenset()
-        return frozenset([self.eos_token_id] if isinstance(self.eos_token_id, int) else self.eos_token_id)
+        ids = torch.as_tensor(self.eos_token_id)
+        if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+            raise ValueError(f"eos_token_id={self.eos_token_id!r}: token ids are integers (e.g. tokenizer.eos_token_id).")
+        return frozenset(ids.flatten().tolist())
 
     def to_probs(self, logits: torch.Tensor) -> torch.Tensor:
         """``[..., V]`` logits → the probabilities both p and q are drawn from (greedy: one-hot at the argmax).

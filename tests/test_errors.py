@@ -81,3 +81,55 @@ def test_draft_without_propose(target):
 
 def test_one_dimensional_prompt_is_accepted(target, draft):
     assert spec(target, draft, ids=IDS[0]).sequences.shape == (1, 7)
+
+
+# ---- input given in other forms than the tokenizer's (found by a review): each once silently wrong or a crash ------
+
+
+def test_an_eos_id_given_as_a_tensor_or_numpy_integer_stops_as_an_int_does(target, draft):
+    import numpy as np
+
+    free = autoregressive_generate(target, IDS, max_new_tokens=12).row(0).tolist()
+    eos = free[3]  # a token this prompt reaches: generation must stop right after its first occurrence
+    expected = free[: free.index(eos) + 1]
+    for given in (eos, [eos], torch.tensor([eos]), torch.tensor(eos), np.int64(eos), np.array([eos])):
+        for out in (autoregressive_generate(target, IDS, max_new_tokens=12, eos_token_id=given),
+                    spec(target, draft, max_new_tokens=12, eos_token_id=given)):
+            assert out.row(0).tolist() == expected and out.stats.stopped_by == "eos", given  # a tensor in a set never matched
+    with pytest.raises(ValueError, match="token ids are integers"):
+        spec(target, draft, eos_token_id=2.0)
+
+
+def test_int32_prompt_ids_are_token_ids_and_float_ones_are_refused(target):
+    from specdec_edu import PromptLookupDrafter
+
+    ids = torch.tensor([[1, 2, 3, 1, 2, 3, 1, 2]])
+    expected = spec(target, PromptLookupDrafter(), ids).row(0).tolist()
+    assert spec(target, PromptLookupDrafter(), ids.int()).row(0).tolist() == expected  # one_hot refused int32 ids
+    with pytest.raises(ValueError, match="token ids are integers"):
+        spec(target, PromptLookupDrafter(), ids.float())
+
+
+def test_a_one_dimensional_prompt_takes_a_one_dimensional_mask(target, draft):
+    ids = torch.tensor([1, 2, 3])
+    assert spec(target, draft, ids, attention_mask=torch.ones(3, dtype=torch.long)).row(0).tolist() == \
+        spec(target, draft, ids).row(0).tolist()
+
+
+def test_one_left_padded_prompt_keeps_its_padding_in_sequences_as_a_batch_does(target, draft):
+    ids, mask = torch.tensor([[0, 0, 1, 5, 9]]), torch.tensor([[0, 0, 1, 1, 1]])
+    for out in (spec(target, draft, ids, attention_mask=mask), autoregressive_generate(target, ids, attention_mask=mask,
+                                                                                       max_new_tokens=4)):
+        assert out.prompt_length == 5 and torch.equal(out.sequences[:, :5], ids)
+        assert out.sequences[0, 5:].tolist() == out.row(0).tolist() == spec(target, draft, ids[:, 2:]).row(0).tolist()
+
+
+@pytest.mark.parametrize("n", [-1, "gamma + 1"])
+def test_an_accept_fn_that_accepts_more_drafts_than_it_was_given_is_named(target, draft, n):
+    def broken(p, q, drafts, generator=None):
+        wrong = len(drafts) + 1 if n == "gamma + 1" else n
+        return torch.tensor([wrong, 0], device=p.device)
+
+    for ids in (IDS, IDS.repeat(2, 1)):
+        with pytest.raises(ValueError, match=r"accept_fn must return \(n, next_token\) with 0 <= n"):
+            spec(target, draft, ids, accept_fn=broken, do_sample=True)
