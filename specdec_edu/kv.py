@@ -148,6 +148,9 @@ def crop(cache, n_remove: int) -> None:
             "cannot be cropped), so speculative decoding cannot reject drafts with it: use a draft/target "
             "pair of attention-only models."
         )
+    if n_remove > (length := cache_length(cache)):  # crop(-n) would empty the cache without a word (as rollback raises)
+        raise ValueError(f"cannot roll back {n_remove} positions: the cache holds {length} (the caller's count of what it "
+                         "fed is off).")
     if n_remove > 0:
         cache.crop(-n_remove)
     elif _RECORDS_PAST and cache.is_initialized:  # 5.x: crop(0) trims sliding layers back to their window

@@ -59,6 +59,12 @@ def test_rolling_back_past_the_start_raises(target):
     assert kv.cache_length(static) == 3
     kv.crop(static, 3)
     assert kv.cache_length(static) == 0
+    dynamic = kv.new_cache(target)  # the same count for a dynamic cache, which crop(-4) would have emptied silently
+    with torch.no_grad():
+        kv.forward_cached(target, torch.tensor([[1, 2, 3]]), dynamic)
+    with pytest.raises(ValueError, match="cannot roll back 4 positions: the cache holds 3"):
+        kv.crop(dynamic, 4)
+    assert kv.cache_length(dynamic) == 3
 
 
 class Interrupted(Exception):
