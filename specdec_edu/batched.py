@@ -206,8 +206,9 @@ def batched_autoregressive_generate(target, input_ids, attention_mask, config: G
         if not all_finite:
             raise nonfinite_logits_error("target")
         for row, token in zip(rows, host_tokens):
-            if not row.stats.stopped_by:
-                row.add([], 0, token, dict(draft=0.0, verify_forward=0.0, accept_resample=0.0, cache_crop=0.0))
+            if not row.stats.stopped_by:  # the first token comes from the prefill: not a round (as for one prompt)
+                row.add([], 0, token, dict(draft=0.0, verify_forward=0.0, accept_resample=0.0, cache_crop=0.0),
+                        from_prefill=not batch.rounds)
         if all(row.stats.stopped_by for row in rows):
             break
         generating = torch.tensor([not row.stats.stopped_by for row in rows], device=input_ids.device).long()[:, None]

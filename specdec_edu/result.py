@@ -192,10 +192,13 @@ class RoundRecorder:
         self.length = prompt_length  # prompt + output: the positions the target must be able to read
         self.max_new_tokens, self.eos, self.max_pos, self.clock = max_new_tokens, eos, max_pos, clock
 
-    def add(self, drafts: list[int], n: int, next_token: int, phases: dict[str, float]) -> list[int]:
+    def add(self, drafts: list[int], n: int, next_token: int, phases: dict[str, float], *,
+            from_prefill: bool = False) -> list[int]:
         """Emit the round's accepted drafts ``drafts[:n]`` and the target's ``next_token``, up to an EOS.
 
         ``phases``: the round's seconds (see ``GenerationStats.record_times``). Returns the emitted tokens.
+        ``from_prefill``: the token came out of the pass over the prompt (target-only decoding), which is not a
+        round: ``stats.rounds`` counts the target's passes after the prefill, as for one prompt.
         """
         new, hit_eos = cut_at_eos(drafts[:n] + [next_token], self.eos)
         accepted = min(n, len(new))  # drafts cut off after an EOS were never emitted (nor judged)
@@ -203,9 +206,12 @@ class RoundRecorder:
         self.tokens += new
         self.sources += ["accepted"] * accepted + [final_label] * (len(new) - accepted)
         self.length += len(new)
-        self.stats.record_round(drafted=len(drafts), accepted=accepted, emitted=len(new),
-                                rejected=final_label == "corrected" and len(new) > n)
-        self.stats.record_times(phases, self.clock.profile)
+        if from_prefill:
+            self.stats.new_tokens += len(new)
+        else:
+            self.stats.record_round(drafted=len(drafts), accepted=accepted, emitted=len(new),
+                                    rejected=final_label == "corrected" and len(new) > n)
+            self.stats.record_times(phases, self.clock.profile)
         self.stats.stopped_by = stop_reason(len(self.tokens), self.length, hit_eos, self.max_new_tokens, self.max_pos)
         if self.stats.stopped_by:
             self.stats.seconds = self.clock.elapsed()

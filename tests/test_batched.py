@@ -30,6 +30,18 @@ def test_batched_greedy_equals_per_row_generate(target, close_draft, gamma):
     assert base.new_tokens.tolist() == out.new_tokens.tolist() and base.lengths == out.lengths
 
 
+def test_a_batched_target_only_row_counts_rounds_as_one_prompt_does(target):
+    """Rounds are the target's passes after the prefill; the prefill's token is no round, in a batch as alone
+    (the batch counted it: 5 rounds and τ = 1.0 for a row that, alone, had 4 and τ = 1.25)."""
+    prompts = PROMPTS[:3]
+    ids, mask = left_pad(prompts)
+    batch = autoregressive_generate(target, ids, attention_mask=mask, max_new_tokens=5)
+    for i, p in enumerate(prompts):
+        alone = autoregressive_generate(target, p[None], max_new_tokens=5).stats
+        row = batch.row_stats[i]
+        assert (row.new_tokens, row.rounds, row.tokens_per_round) == (alone.new_tokens, alone.rounds, alone.tokens_per_round)
+
+
 def test_batched_per_row_eos_and_limits(target, close_draft):
     prompts = PROMPTS[8:14]
     eos = int(reference(target, prompts[0], 20)[len(prompts[0]) + 3])  # row 0 stops within 4 tokens
