@@ -26,7 +26,7 @@ from .drafters import ModelDrafter, draft_loop
 from .models.shapes import head_rows, max_positions, sliding_window
 from .result import GenerationResult, GenerationStats, PhaseClock, RoundRecorder
 from .round import round_gamma, speculative_round
-from .sampling import GenerationConfig, nonfinite_logits_error
+from .sampling import GenerationConfig, nonfinite_logits_error, sample
 
 
 def _masked_forward(model, cache, mask, ids, new_mask, **kwargs):
@@ -200,7 +200,7 @@ def batched_autoregressive_generate(target, input_ids, attention_mask, config: G
     logits = out.logits[:, -1]  # [B, V]
     batch.prefill_seconds = clock.lap()
     while True:
-        tokens = torch.multinomial(config.to_probs(logits), 1, generator=generator)  # [B, 1]
+        tokens = sample(config.to_probs(logits), generator)[:, None]  # [B, 1]
         finite = torch.isfinite(logits).all().long().view(1)
         *host_tokens, all_finite = torch.cat([tokens[:, 0], finite]).tolist()  # one read per token
         if not all_finite:

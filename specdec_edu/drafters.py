@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from . import kv
 from .models.shapes import max_positions
 from .round import gamma_within
-from .sampling import check_generator
+from .sampling import sample
 
 ToProbs = Callable[[torch.Tensor], torch.Tensor]
 
@@ -95,13 +95,9 @@ def tell_drafted_elsewhere(drafter) -> None:
 
 
 def sample_rows(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """One token id per distribution: ``probs`` ``[..., V]`` → ids ``[...]`` (0-dim for one ``[V]``).
-
-    For ``[V]`` this is ``sampling.sample`` (the same draw from the same generator); for
-    ``[B, V]`` each row gets its own independent draw.
-    """
-    check_generator(generator, probs.device)
-    return torch.multinomial(probs, 1, generator=generator)[..., 0]
+    """One token id per distribution: ``probs`` ``[..., V]`` → ids ``[...]``, each row its own draw
+    (``sampling.sample``: the same draws as ``torch.multinomial(probs, 1)``, without its reads from the device)."""
+    return sample(probs, generator)
 
 
 def no_drafts(width: int, device: torch.device, batch: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:

@@ -76,9 +76,17 @@ def nonfinite_logits_error(who: str) -> ValueError:
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Draw one token id from ``probs`` (``[V]``); returns a 0-dim LongTensor."""
+    """One token id per distribution: ``probs`` ``[..., V]`` (weights ≥ 0, not necessarily normalised) → ids ``[...]``
+    (a 0-dim LongTensor for one ``[V]``); each row is an independent draw.
+
+    The exponential race: with E_i ~ Exp(1) independent, argmax_i probs_i / E_i is token i with probability
+    probs_i / Σ probs. It is the very draw ``torch.multinomial(probs, 1)`` makes (the same random numbers from the
+    same generator, so the same token), minus multinomial's checks of its input, which read values back from the
+    device: on a GPU two waits per call, several per round. A NaN or negative weight is not refused here; the
+    loops check the logits and q they came from once per round, in the round's one read.
+    """
     check_generator(generator, probs.device)
-    return torch.multinomial(probs, 1, generator=generator)[0]
+    return (probs / torch.empty_like(probs).exponential_(1, generator=generator)).argmax(-1)
 
 
 def check_generator(generator: torch.Generator | None, device: torch.device) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from .sampling import check_generator
+from .sampling import check_generator, sample
 
 
 def acceptance_probability(p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
@@ -81,7 +81,7 @@ def verify_drafts(
     # (Selecting with index_select keeps n on the device: no `if n < γ` on the host.)
     candidates = torch.cat([residual_distribution(p[:gamma], q), p[gamma:]])  # [γ+1, V]
     next_probs = candidates.index_select(0, n_accepted.view(1))  # [1, V]
-    next_token = torch.multinomial(next_probs, 1, generator=generator)[0, 0]
+    next_token = sample(next_probs[0], generator)  # 0-d, on the device (no read: see sampling.sample)
     return torch.stack([n_accepted, next_token])
 
 

@@ -51,3 +51,49 @@ def test_non_finite_logits_are_refused(bad):
     logits[2] = bad
     with pytest.raises(ValueError, match="float32"):
         logits_to_probs(logits)
+
+
+# ---- the sampler: torch.multinomial's draw, without its reads from the device ------------------------------------
+
+
+def device_reads(fn) -> tuple[int, set[str]]:
+    """How many tensor → host reads (aten::_local_scalar_dense: a copy and a wait on a GPU) ``fn()`` makes, and
+    every op it ran."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    names = [e.name for e in prof.events()]
+    return names.count("aten::_local_scalar_dense"), set(names)
+
+
+def test_sample_draws_what_multinomial_draws_and_reads_nothing_back():
+    """The exponential race is multinomial's own one-sample draw: the same token from the same generator state
+    (so seeded runs, the committed notebooks among them, are unchanged), without multinomial's input checks, which
+    read the device twice per call (the control: counted here the same way)."""
+    from specdec_edu.sampling import sample
+
+    probs = torch.softmax(3 * torch.randn(32, 1000, generator=torch.Generator().manual_seed(0)), -1)
+    probs[:, ::7] = 0  # zeros are never drawn
+    for rows in (probs, probs[0]):  # [B, V] and [V]
+        ours = sample(rows, torch.Generator().manual_seed(1))
+        theirs = torch.multinomial(rows, 1, generator=torch.Generator().manual_seed(1))[..., 0]
+        assert torch.equal(ours, theirs) and ours.shape == rows.shape[:-1]
+    assert (sample(probs, torch.Generator().manual_seed(2)) % 7 != 0).all()
+    reads, ops = device_reads(lambda: sample(probs, torch.Generator().manual_seed(1)))
+    assert reads == 0 and "aten::multinomial" not in ops
+    control, _ = device_reads(lambda: torch.multinomial(probs, 1, generator=torch.Generator().manual_seed(1)))
+    assert control >= 2
+
+
+def test_no_generator_samples_with_multinomial(target, draft):
+    """Every sampling path (speculative one prompt and batched, target-only) draws through ``sample``."""
+    from specdec_edu import autoregressive_generate, speculative_generate
+
+    ids, gen = torch.tensor([[1, 2, 3]]), torch.Generator().manual_seed(0)
+    runs = [lambda: speculative_generate(target, draft, ids, max_new_tokens=8, do_sample=True, generator=gen),
+            lambda: speculative_generate(target, draft, ids.repeat(2, 1), max_new_tokens=8, do_sample=True, generator=gen),
+            lambda: autoregressive_generate(target, ids, max_new_tokens=8, do_sample=True, generator=gen),
+            lambda: autoregressive_generate(target, ids.repeat(2, 1), max_new_tokens=8, do_sample=True, generator=gen)]
+    for run in runs:
+        assert "aten::multinomial" not in device_reads(run)[1]
