@@ -60,11 +60,17 @@ def test_prompt_longer_than_max_positions(target, draft):
 
 
 def test_nan_logits(draft):
+    """Greedy and sampled, one prompt and a batch, speculative and target-only: the message names float32. (Sampled,
+    torch.multinomial used to raise its own RuntimeError first, before the round's check could.)"""
     broken = tiny_llama(seed=0)
     with torch.no_grad():
         broken.lm_head.weight.fill_(float("nan"))
-    with pytest.raises(ValueError, match="float32"):
-        spec(broken, draft)
+    for ids in (IDS, IDS.repeat(2, 1)):
+        for sampled in (False, True):
+            with pytest.raises(ValueError, match="float32"):
+                spec(broken, draft, ids, do_sample=sampled)
+            with pytest.raises(ValueError, match="float32"):
+                autoregressive_generate(broken, ids, max_new_tokens=4, do_sample=sampled)
 
 
 def test_generator_on_wrong_device(target, draft):
