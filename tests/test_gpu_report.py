@@ -67,3 +67,38 @@ def test_the_quick_report_runs_on_the_embedded_pair(monkeypatch):
     text = out.getvalue()
     assert "pair: embedded" in text and "dtype:  fp32" in text and "path:   eager" in text
     assert "cold start in this process: load" in text and text.count("so this pair") == 2
+
+
+def _report(tiny_pair, char_tokenizer, monkeypatch, backend) -> tuple[dict, str]:
+    """run_report on the compiled path (as on a GPU), every torch.compile given ``backend``."""
+    from specdec_edu import kv
+
+    monkeypatch.setenv("SPECDEC_EDU_COMPILE", "1")
+    monkeypatch.delenv("SPECDEC_EDU_DTYPE", raising=False)
+    defaults = kv.full_compile_options
+    monkeypatch.setattr(kv, "full_compile_options", lambda device, options: {**defaults(device, options), "backend": backend})
+    out = io.StringIO()
+    settings = ReportSettings(max_new_tokens=8, repeats=1, prompts=("Hi there.",), bandwidth_bytes=2**20)
+    return run_report(*tiny_pair, char_tokenizer, settings, out, pair="tiny", load_seconds=0.0), out.getvalue()
+
+
+def test_the_report_names_the_path_the_runs_took_when_compiling_fails(tiny_pair, char_tokenizer, monkeypatch):
+    """It said "compiled" (from the default) after both models had fallen back to eager."""
+    def failing(graph, inputs):
+        raise RuntimeError("forced failure")
+
+    with pytest.warns(UserWarning, match="runs eager"):
+        numbers, text = _report(tiny_pair, char_tokenizer, monkeypatch, failing)
+    assert "path:   eager (compiling failed here" in text and "measured on cpu, float32, eager" in text
+    assert not numbers["compiled"]
+
+
+def test_the_report_times_the_draft_on_the_cache_its_generations_compiled(tiny_pair, char_tokenizer, monkeypatch):
+    """The draft's step was timed on a second compiled cache (role "target"): every width compiled twice."""
+    from specdec_edu import kv
+
+    target, draft = tiny_pair[:2]
+    numbers, text = _report(tiny_pair, char_tokenizer, monkeypatch, "aot_eager")
+    assert numbers["compiled"] and "path:   compiled" in text
+    assert [role for role in kv._shared[draft] if isinstance(role, str)] == ["draft"]
+    assert "target" in kv._shared[target]

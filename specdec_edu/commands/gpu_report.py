@@ -72,7 +72,7 @@ def step_costs(target, draft, gamma: int, compiled: bool, bandwidth_bytes: int |
     bandwidth = read_bandwidth(target.device, bandwidth_bytes)
     weight_bytes = parameter_bytes(target)
     target_step = forward_seconds(target, 1, repeats=repeats, compile=compiled)
-    draft_step = forward_seconds(draft, 1, repeats=repeats, compile=compiled)
+    draft_step = forward_seconds(draft, 1, repeats=repeats, compile=compiled, role="draft")  # the generation's cache
     verify = forward_seconds(target, gamma + 1, repeats=repeats, compile=compiled)
     return {"read_bandwidth": bandwidth, "weight_bytes": weight_bytes, "memory_floor": weight_bytes / bandwidth,
             "target_step": target_step, "draft_step": draft_step, "c": draft_step / target_step,
@@ -136,18 +136,19 @@ def run_report(target, draft, tokenizer, settings: ReportSettings | None = None,
 
     settings = settings or ReportSettings()
     device, dtype = target.device, next(target.parameters()).dtype
-    compiled = compiles_by_default(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
     say = lambda line="": print(line, file=out, flush=True)  # noqa: E731
     say(f"device: {name} · torch {torch.__version__} · pair: {pair}")
     say(f"dtype:  {dtype_reason(device, dtype)}")
-    say(f"path:   {'compiled (torch.compile; CUDA graphs on a GPU)' if compiled else 'eager'}; SPECDEC_EDU_COMPILE=0/1 "
-        "changes it")
 
     eos, prompts = tokenizer.eos_token_id, [chat_prompt(tokenizer, p, device=device) for p in settings.prompts]
     start = time.perf_counter()  # the first call compiles (or captures) both models' caches, then decodes
-    speculative_generate(target, draft, prompts[0], max_new_tokens=1, gamma=settings.gamma)
+    first_run = speculative_generate(target, draft, prompts[0], max_new_tokens=1, gamma=settings.gamma)
     first = time.perf_counter() - start
+    compiled = first_run.stats.compiled  # the path taken: False where compiling failed and the run fell back to eager
+    fell_back = " (compiling failed here: see the warning above)" if compiles_by_default(device) and not compiled else ""
+    say(f"path:   {'compiled (torch.compile; CUDA graphs on a GPU)' if compiled else 'eager'}{fell_back}; "
+        "SPECDEC_EDU_COMPILE=0/1 changes it")
     loaded = f"load {load_seconds:.1f} s + " if load_seconds is not None else ""
     say(f"cold start in this process: {loaded}compile/capture and first token {first:.1f} s "
         "(scripts/cold_start.py times a fresh process, part by part)")

@@ -24,16 +24,18 @@ from ..result import sync
 
 @torch.no_grad()
 def forward_seconds(model, n_new: int, context_length: int = 64, repeats: int = 5, warmup: int = 1,
-                    compile: bool = False, compile_options: dict | None = None) -> float:
+                    compile: bool = False, compile_options: dict | None = None, role: str = "target") -> float:
     """Median wall time of one forward that appends ``n_new`` tokens to a cache of ``context_length``.
 
     The cache is built once; after each timed forward it is cropped back, so every
     repeat sees the same context length. ``compile=True`` times the compiled path that
     ``speculative_generate(..., compile=True)`` runs (the model's shared compiled static cache,
     ``n_new`` padded to a compiled width; the warm-up compiles): pass a generation's
-    ``stats.compiled`` to time the forwards on the path that generation took.
+    ``stats.compiled`` to time the forwards on the path that generation took. ``role``: whose
+    compiled cache to time, ``"target"`` or ``"draft"`` (``kv.shared_static_cache``): time a draft
+    model with ``role="draft"``, on the cache its generations compiled, not a second one compiled anew.
     """
-    forward = _appending_forward(model, context_length, n_new, compile, compile_options)
+    forward = _appending_forward(model, context_length, n_new, compile, compile_options, role)
     times = []
     for i in range(warmup + repeats):
         sync(model.device)
@@ -108,8 +110,10 @@ class VerifyCost:
 
 
 @torch.no_grad()
-def _appending_forward(model, context_length: int, max_new: int, compile: bool, compile_options: dict | None):
-    """``forward(n)``: one forward appending n tokens to a ``context_length`` cache, cropped back after it."""
+def _appending_forward(model, context_length: int, max_new: int, compile: bool, compile_options: dict | None,
+                       role: str = "target"):
+    """``forward(n)``: one forward appending n tokens to a ``context_length`` cache (``role``'s compiled one with
+    ``compile``), cropped back after it."""
     vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(0)
     context = torch.randint(0, vocab, (1, context_length), generator=gen).to(model.device)
@@ -117,8 +121,8 @@ def _appending_forward(model, context_length: int, max_new: int, compile: bool, 
     if compile:  # where compiling fails (e.g. Triton on an old GPU), time the eager path, as the generation does
         from ..generate import compiled_or_eager
 
-        cache = compiled_or_eager(lambda: kv.shared_static_cache(model, context_length + max_new, compile_options),
-                                  lambda: kv.new_cache(model), "target")
+        cache = compiled_or_eager(lambda: kv.shared_static_cache(model, context_length + max_new, compile_options, role),
+                                  lambda: kv.new_cache(model), role)
     else:
         cache = kv.new_cache(model)
     kv.forward_cached(model, context, cache, logits_to_keep=1)
