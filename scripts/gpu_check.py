@@ -63,6 +63,8 @@ from specdec_edu.course.diagnostics import first_divergence  # noqa: E402
 from specdec_edu.course.experiments import ReplayDrafter, interleaved_benchmark, timed  # noqa: E402
 from specdec_edu.course.measure import forward_seconds, latency_curve, parameter_bytes  # noqa: E402
 from specdec_edu.drafters import ModelDrafter  # noqa: E402
+from specdec_edu.generate import compiled_or_eager  # noqa: E402
+from specdec_edu.models.devices import default_dtype  # noqa: E402
 
 # name: (hidden, layers, intermediate, heads, kv heads). Vocabulary (and whether the LM head is the
 # embedding matrix, "tied") shared by target and drafts; "draft" is the main draft, "extra_drafts" more.
@@ -326,7 +328,8 @@ def parse_args(argv):
     parser.add_argument("--size", choices=list(SIZES), default="smollm2")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default=None,
-                        help="default: bfloat16 on CUDA, float32 elsewhere")
+                        help="default: the course's rule (bfloat16 where native, float16 on older GPUs such as a T4, "
+                             "float32 on a CPU; $SPECDEC_EDU_DTYPE overrides)")
     parser.add_argument("--gamma", type=int, default=4, help="γ of the main rows (the default run adds γ ∓ 2 at α ≈ 0.8)")
     parser.add_argument("--quick", action="store_true", help="one γ and one α, fewer tokens and repeats")
     parser.add_argument("--max-new-tokens", type=int, default=None, help="default 96 (48 with --quick)")
@@ -358,7 +361,7 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     transformers.utils.logging.set_verbosity_error()
     device = torch.device(args.device)
-    dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    dtype = getattr(torch, args.dtype) if args.dtype else default_dtype(device)  # a T4: fp16 (bf16 is emulated there)
     spec, seconds = SIZES[args.size], {}
     target = make_model(spec["target"], spec["vocab"], device, dtype, seed=0, tied=spec["tied"])
     if args.head_scale != 1:
@@ -409,10 +412,12 @@ def main(argv=None) -> dict:
     for i, mode in enumerate(modes, start=4):
         with section(f"{i}. decoding, {mode} (α from the dial; {check.n_new} new tokens, medians of {args.repeats})",
                      seconds):
-            if mode != "eager" and not compiled:
-                compiled = {label: ModelDrafter(m, max_cache_len=args.prompt_length + check.n_new + g + 16,
-                                                compile=True, compile_options=args.compile_options)
-                            for label, m in drafts.items()}
+            if mode != "eager" and not compiled:  # a compiler failure: that draft runs eager, with a warning (as in
+                compiled = {label: compiled_or_eager(  # a generation), and the JSON says which drafts compiled
+                    lambda m=m: ModelDrafter(m, max_cache_len=args.prompt_length + check.n_new + g + 16, compile=True,
+                                             compile_options=args.compile_options),
+                    lambda m=m: ModelDrafter(m), f"draft {label}") for label, m in drafts.items()}
+                out["compile"]["drafts_compiled"] = {label: d.static is not None for label, d in compiled.items()}
             base, rows = decoding_rows(check, mode, drafts if mode == "eager" else compiled, dial_points(g, args.quick), read)
             print_decoding(base, rows)
         out["target_only"].append(base)

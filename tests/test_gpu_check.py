@@ -159,3 +159,27 @@ def test_a_run_cut_off_keeps_what_it_measured(gpu_check, tmp_path, monkeypatch):
     saved = json.loads(path.read_text())
     assert saved["c_eager"] and saved["target_only"] and saved["speculative"] and "same_draft" not in saved
     assert saved["versions"]["torch"] and len(saved["section_seconds"]) == 4  # bandwidth, latency, c, eager decoding
+
+
+def test_a_compiler_failure_runs_the_drafts_eager_and_the_dtype_follows_the_course_rule(gpu_check, monkeypatch, tmp_path):
+    """On a T4 the check took bf16 (emulated there; Triton cannot compile it), and a draft that failed to compile
+    ended the run. Now the dtype is the course's (here: $SPECDEC_EDU_DTYPE=fp16), and a failing compiler leaves
+    every draft eager, with a warning, and the JSON says so (the run is stopped after its decoding sections)."""
+    def stop(*args, **kwargs):
+        raise TimeoutError("stop after the decoding sections")
+
+    from torch._dynamo.backends.registry import _BACKENDS, register_backend
+
+    if "specdec_test_failing" not in _BACKENDS:  # a backend by name, as --compile-backend takes one
+        @register_backend(name="specdec_test_failing")
+        def failing(graph, inputs):
+            raise RuntimeError("forced failure")
+
+    monkeypatch.setattr(gpu_check, "hf_comparison", stop)
+    monkeypatch.setenv("SPECDEC_EDU_DTYPE", "fp16")
+    path = tmp_path / "gpu.json"
+    with pytest.warns(UserWarning, match="runs eager"), pytest.raises(TimeoutError):
+        gpu_check.main(TINY + ["--quick", "--compile", "--compile-backend", "specdec_test_failing", "--json", str(path)])
+    saved = json.loads(path.read_text())
+    assert saved["dtype"] == "float16" and saved["compile"]["drafts_compiled"] == {"1x32": False, "3x32": False}
+    assert len(saved["target_only"]) == len(gpu_check.MODES)  # every decoding section ran to its end
