@@ -13,7 +13,7 @@ import torch
 from test_sequence_exactness import CONTROL_SETTINGS, N_SAMPLES, PROMPT, THRESHOLD, exact_distribution, pvalue
 
 from specdec_edu import autoregressive_generate, load_drafter, speculative_generate
-from specdec_edu.course.controls import accept_always
+from specdec_edu.course.controls import BROKEN_RULES
 from specdec_edu.suffix import (
     SEPARATOR,
     CorpusIndex,
@@ -222,32 +222,42 @@ def test_greedy_output_is_the_targets(target):
 
 
 def suffix_samples(target, accept_fn=None):
-    """N_SAMPLES 3-token continuations of PROMPT, drafted by a suffix drafter over a random 8-token corpus
-    (it always finds a match, so most rounds draft), with a generator seeded 0."""
+    """N_SAMPLES 3-token continuations of PROMPT, drafted by a suffix drafter, with a generator seeded 0, and the
+    drafts proposed and accepted. The corpus: random 8-token text (so it always finds a match and most rounds
+    draft) plus 40 of the target's own sampled continuations of PROMPT, added online one by one (so that many
+    drafts are accepted, and whole rounds too: the resample and the bonus token both matter)."""
     corpus = CorpusIndex(max_match=4)
     corpus.add_many(random_docs(6, n_docs=40, length=30, vocab=8))
+    own = torch.Generator().manual_seed(99)
+    for _ in range(40):
+        answer = autoregressive_generate(target, PROMPT, max_new_tokens=6, do_sample=True, generator=own, **CONTROL_SETTINGS)
+        corpus.add(torch.cat([PROMPT[0], answer.row(0)]))
     drafter = SuffixDrafter(corpus, max_match=4, min_corpus_match=1, spec_factor=2.0, min_prob=0.1)
-    gen, samples, drafted = torch.Generator().manual_seed(0), [], 0
+    gen, samples, drafted, accepted = torch.Generator().manual_seed(0), [], 0, 0
     for _ in range(N_SAMPLES):
         r = speculative_generate(target, drafter, PROMPT, max_new_tokens=3, gamma=2, do_sample=True, generator=gen,
                                  accept_fn=accept_fn, **CONTROL_SETTINGS)
         samples.append(tuple(r.row(0).tolist()))
-        drafted += r.stats.drafted
-    return samples, drafted
+        drafted, accepted = drafted + r.stats.drafted, accepted + r.stats.accepted
+    return samples, drafted, accepted
 
 
 def test_sampled_continuations_follow_the_target(small_vocab_pair):
     """χ² over the 8^3 continuations (test_sequence_exactness's harness): N = 1,500, reject at p < 1e-3."""
     target, _ = small_vocab_pair
-    samples, drafted = suffix_samples(target)
-    assert drafted > N_SAMPLES  # the drafter did propose: more than one draft per sample on average
+    samples, drafted, accepted = suffix_samples(target)
+    # the drafter proposed, and the target kept many of them: with the random corpus alone, 17 of 4,500 drafts were
+    # accepted, and a rule that resampled from p instead of the residual passed (p = 0.26)
+    assert drafted > N_SAMPLES and accepted > drafted / 3
     assert pvalue(samples, exact_distribution(target, **CONTROL_SETTINGS)) > THRESHOLD
 
 
-def test_the_same_test_rejects_an_always_accept_rule(small_vocab_pair):
-    """Negative control: same drafter, sample size, seed and threshold, but every draft kept (accept_always)."""
+@pytest.mark.parametrize("control", ["accept_always", "resample_from_target"])
+def test_the_same_test_rejects_a_broken_rule(small_vocab_pair, control):
+    """Negative controls: same drafter, sample size, seed and threshold, with every draft kept (accept_always), or
+    with p where the residual belongs (resample_from_target: for a one-hot q, the bug that matters)."""
     target, _ = small_vocab_pair
-    samples, _ = suffix_samples(target, accept_fn=accept_always)
+    samples, _, _ = suffix_samples(target, accept_fn=BROKEN_RULES[control])
     assert pvalue(samples, exact_distribution(target, **CONTROL_SETTINGS)) < THRESHOLD
 
 
