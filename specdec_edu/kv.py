@@ -256,12 +256,17 @@ class StaticKV:
 
     @torch.no_grad()
     def _compile_every_width(self, model: torch.nn.Module) -> None:
-        """Compile every width now, with one forward of zeros each, and forget them: no generation's timing
-        then includes compiling (``speculative_generate`` makes its caches before it starts the clock)."""
+        """Compile every width now, with forwards of zeros, and forget them: no generation's timing then includes
+        compiling (``speculative_generate`` makes its caches before it starts the clock). With CUDA graphs
+        (``mode="reduce-overhead"``) each width runs twice: the first call of a compiled function only warms it up
+        (eagerly, in inductor's cudagraph trees), and the graph is recorded at the second."""
+        calls = 2 if self.compile_options.get("mode") in ("reduce-overhead", "max-autotune") else 1
         for width in self.widths:
             n = min(width, self.max_len)  # a cache shorter than a width still runs it: the padded tail has spare slots
-            self.write(self.compiled_step(model, width), model, torch.zeros(1, width, dtype=torch.long, device=self.device), n)
-            self.rollback(n)
+            for _ in range(calls):
+                self.write(self.compiled_step(model, width), model, torch.zeros(1, width, dtype=torch.long,
+                                                                                device=self.device), n)
+                self.rollback(n)
 
     def write(self, step: Callable, model: torch.nn.Module, input_ids: torch.Tensor, n: int, **kwargs):
         """``step(model, input_ids [1, w], self, positions [w], **kwargs)`` at the next w positions (w = the input's

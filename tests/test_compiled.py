@@ -301,3 +301,17 @@ def test_a_compiled_cache_shorter_than_a_width_still_compiles_and_matches_eager(
                                        rtol=1e-5, atol=1e-5)
         with pytest.raises(ValueError, match="max_cache_len"):
             kv.forward_cached(model, torch.tensor([[9]]), static)
+
+
+@pytest.mark.parametrize("mode, calls", [("reduce-overhead", 2), (None, 1)])
+def test_with_cuda_graphs_every_width_runs_twice_when_the_cache_is_made(mode, calls):
+    """Under mode="reduce-overhead" the first call of a compiled width only warms it up (inductor's cudagraph trees
+    run it eagerly) and the graph is recorded at the second: a single call left the recording to the first
+    generation, inside its clock. (Counted with the eager forward standing in for the compiled one.)"""
+    model = tiny_llama(seed=9)
+    static = kv.new_static_cache(model, 32)  # not compiled: the widths are run by hand below
+    static.widths, static.compile_options = kv.WIDTHS, {**static.compile_options, **({"mode": mode} if mode else {})}
+    seen = []
+    static.compiled_step = lambda m, width: lambda *args, **kw: (seen.append(width), kv.forward_at_positions(*args, **kw))[1]
+    static._compile_every_width(model)
+    assert seen == [w for w in kv.WIDTHS for _ in range(calls)] and kv.cache_length(static) == 0
