@@ -175,3 +175,16 @@ def test_a_random_target_needs_no_download(monkeypatch):
     c = target.config
     assert (c.num_hidden_layers, c.hidden_size, c.vocab_size, target.dtype) == (30, 576, 49152, torch.float32)
     assert len(tok) == c.vocab_size == draft.config.vocab_size and tok.chat_template
+
+
+@pytest.mark.parametrize("capability, dtype, says", [
+    ((7, 5), torch.bfloat16, "no native bf16: emulated, slower than fp16"),  # asked for bf16 on a T4
+    ((9, 0), torch.float16, "has bf16 in hardware, but fp16 was chosen"),
+    ((7, 5), torch.float32, "full precision"),  # an fp16 pair reloaded in fp32 after an overflow, or the embedded one
+])
+def test_the_dtype_line_explains_the_dtype_in_use(gpu, monkeypatch, capability, dtype, says):
+    """The line used to say "so fp16" for bf16 on a T4, and "this pair computes exactly in fp32 on every device" for a
+    hub pair reloaded in fp32, whose dtype elsewhere is bf16."""
+    monkeypatch.delenv("SPECDEC_EDU_DTYPE", raising=False)
+    line = dtype_reason(gpu(*capability), dtype)
+    assert says in line and "so fp16" not in line.replace("but fp16 was chosen", "")

@@ -73,7 +73,13 @@ def dtype_reason(device, dtype: torch.dtype) -> str:
         return (f"{name} (on {device.type}: the course's default off a GPU: "
                 "its rounding stays far below anything that could flip a token)")
     major, minor = torch.cuda.get_device_capability(device)
-    if dtype == torch.float32:
-        return f"{name} (this pair computes exactly, in fp32, on every device)"
-    native = "has bf16 in hardware" if major >= 8 else "has no native bf16 (it would be emulated, slower), so fp16"
-    return f"{name} (this GPU, compute capability {major}.{minor}, {native}; SPECDEC_EDU_DTYPE=fp32 for exact arithmetic)"
+    if dtype == torch.float32:  # the embedded pair always; a hub pair after its 16-bit forward overflowed (a warning says)
+        return f"{name} (full precision: the embedded pair's on every device, and a hub pair's after a 16-bit overflow)"
+    gpu = f"this GPU, compute capability {major}.{minor},"
+    if dtype == torch.bfloat16:
+        why = f"{gpu} has bf16 in hardware" if major >= 8 else \
+            f"{gpu} has no native bf16: emulated, slower than fp16 (SPECDEC_EDU_DTYPE=fp16)"
+    else:
+        why = f"{gpu} has no native bf16 (it would be emulated, slower), so fp16" if major < 8 else \
+            f"{gpu} has bf16 in hardware, but fp16 was chosen"
+    return f"{name} ({why}; SPECDEC_EDU_DTYPE=fp32 for exact arithmetic)"
