@@ -94,12 +94,6 @@ def tell_drafted_elsewhere(drafter) -> None:
 # ---- the one drafting loop ----------------------------------------------------------------------
 
 
-def sample_rows(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """One token id per distribution: ``probs`` ``[..., V]`` → ids ``[...]``, each row its own draw
-    (``sampling.sample``: the same draws as ``torch.multinomial(probs, 1)``, without its reads from the device)."""
-    return sample(probs, generator)
-
-
 def no_drafts(width: int, device: torch.device, batch: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
     """An empty proposal: tokens ``[..., 0]`` and q ``[..., 0, V']`` (V' = ``width``); the round is then a
     target-only step."""
@@ -126,7 +120,7 @@ def draft_loop(logits: torch.Tensor, gamma: int, to_probs: ToProbs, generator: t
     tokens, qs = [], []
     for i in range(gamma):
         q_i = to_probs(logits)  # [..., V']
-        x_i = sample_rows(q_i, generator)  # [...]
+        x_i = sample(q_i, generator)  # [...]: one independent draw per row
         tokens.append(x_i)
         qs.append(q_i)
         if i < gamma - 1:  # the last draft is never fed: nobody needs what comes after it yet

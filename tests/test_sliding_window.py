@@ -8,6 +8,7 @@ every rollback happens past it.
 
 import pytest
 import torch
+from test_batched import left_pad
 from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from specdec_edu import ModelDrafter, autoregressive_generate, kv, speculative_generate
@@ -113,19 +114,11 @@ def test_sliding_window_is_read_from_the_config():
                                max_window_layers=2)) is None  # every layer below max_window_layers: full attention
 
 
-def left_padded(prompts):
-    width = max(map(len, prompts))
-    ids, mask = torch.zeros(len(prompts), width, dtype=torch.long), torch.zeros(len(prompts), width, dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p):], mask[i, width - len(p):] = torch.tensor(p), 1
-    return ids, mask
-
-
 def test_batched_refuses_a_window_its_cache_could_outgrow(pair):
     """A batch keeps rejected drafts as masked slots, and the window counts slots: with W = 8, a row would see fewer
     than 8 real tokens (the first version gave another output than the target's from the second new token)."""
     target, _, unrelated = pair
-    ids, mask = left_padded([list(range(1, 13)), list(range(20, 26))])
+    ids, mask = left_pad([torch.arange(1, 13), torch.arange(20, 26)])
     with pytest.raises(ValueError, match=r"sliding window of 8 positions.*one at a time"):
         speculative_generate(target, unrelated, ids, attention_mask=mask, max_new_tokens=30, gamma=4)
 
@@ -134,7 +127,7 @@ def test_batched_within_the_window_is_each_rows_own_output():
     """Where every slot fits in the window (6 + 10 × 5 = 56 ≤ 64), the batch is exact: row by row, greedy, fp32."""
     target, draft = (tiny(MistralConfig, MistralForCausalLM, seed, sliding_window=64) for seed in (0, 1))
     prompts = [[1, 2, 3, 4, 5, 6], [20, 21, 22]]
-    ids, mask = left_padded(prompts)
+    ids, mask = left_pad([torch.tensor(p) for p in prompts])
     out = speculative_generate(target, draft, ids, attention_mask=mask, max_new_tokens=10, gamma=4)
     for i, p in enumerate(prompts):
         alone = autoregressive_generate(target, torch.tensor([p]), max_new_tokens=10)

@@ -19,9 +19,9 @@ from collections.abc import Callable
 
 import torch
 
-from ..drafters import ModelDrafter, common_prefix_length, reset_drafter, sample_rows
+from ..drafters import ModelDrafter, common_prefix_length, reset_drafter
 from ..result import sync
-from ..sampling import logits_to_probs
+from ..sampling import logits_to_probs, sample
 
 __all__ = [
     "course_seed",
@@ -168,7 +168,7 @@ class ReplayDrafter:
         if n >= len(self._reference_host) or not torch.equal(self._reference_host[:n], context):
             return torch.empty(0, dtype=torch.long, device=self.device), torch.zeros(0, self.vocab_size, device=self.device)
         q = dial_q(self.reference[n : n + gamma], self.noise, self.vocab_size)  # a slice of a device tensor: no copy
-        tokens = sample_rows(q, generator)  # [γ']: one draw per row, where q is
+        tokens = sample(q, generator)  # [γ']: one draw per row, where q is
         if self.seconds_per_token > 0:
             time.sleep(self.seconds_per_token * len(tokens))
         if self._cost is not None:  # the real draft model's forwards; its own guesses are discarded

@@ -47,7 +47,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import kv
-from ..drafters import LookupThenDrafter, ModelDrafter, PromptLookupDrafter, draft_loop, no_drafts, sample_rows, to_device
+from ..drafters import LookupThenDrafter, ModelDrafter, PromptLookupDrafter, draft_loop, no_drafts, to_device
+from ..sampling import sample
 from .assets import asset_dir
 from .embedded import random_target
 
@@ -308,7 +309,7 @@ class MedusaDrafter(FeatureDrafter):
         if gamma < 1 or self.latest is None:  # a one-token prompt: no feature yet, the target goes alone
             return no_drafts(self.width, self.target.device)
         q = to_probs(self.head(self.net(self.latest, min(gamma, self.n_heads))))  # [γ', V']
-        return sample_rows(q, generator), q  # one independent draw per head's row
+        return sample(q, generator), q  # one independent draw per head's row
 
 
 # ---- EAGLE --------------------------------------------------------------------------------------
