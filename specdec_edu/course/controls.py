@@ -98,7 +98,7 @@ BROKEN_RULES = {
 
 
 class MisreportedQDrafter:
-    """A draft model that samples from one q and reports another.
+    """A drafter that samples from one q and reports another.
 
     Each token is drawn from the run's q = ``to_probs(logits)`` (temperature, top-k,
     top-p applied), but the q it returns is the *raw* ``softmax(logits)``, as if the
@@ -109,23 +109,31 @@ class MisreportedQDrafter:
     output leans towards the draft. (Correct whenever the warpers are the identity:
     temperature 1, no top-k, no top-p.)
 
+    ``drafter`` is a draft model (wrapped in a :class:`ModelDrafter`) or any drafter whose
+    ``propose`` turns logits into q through ``to_probs`` (Medusa, EAGLE); everything else
+    (``observe``, ``reset``, counters) is the wrapped drafter's.
+
     The reverse bug (sampling raw, reporting warped) would also break exactness, but with
     top-k/top-p it proposes tokens of reported q = 0, which ``speculative_generate``
     refuses with an error before any statistics are needed.
     """
 
-    def __init__(self, model: torch.nn.Module):
-        self.inner = ModelDrafter(model)
+    def __init__(self, drafter):
+        self.inner = ModelDrafter(drafter) if isinstance(drafter, torch.nn.Module) else drafter
 
-    def reset(self) -> None:
-        self.inner.reset()
+    def __getattr__(self, name):  # only called for what this class lacks: observe, rounds, check_target, ...
+        return getattr(self.__dict__["inner"], name)
 
     def propose(self, context, gamma, to_probs, generator=None):
         reported = []
 
-        def sample_warped_report_raw(logits):
+        def sample_warped_report_raw(logits):  # logits [..., V']: one draft position, or Medusa's [γ', V'] at once
             reported.append(torch.softmax(logits.float(), -1))
             return to_probs(logits)
 
-        tokens, _ = self.inner.propose(context, gamma, sample_warped_report_raw, generator)
-        return tokens, torch.stack(reported)
+        tokens, q = self.inner.propose(context, gamma, sample_warped_report_raw, generator)
+        if not reported:  # nothing drafted (γ = 0, or no feature yet)
+            return tokens, q
+        # One call per position gives [..., V'] each (stack them); one call for all gives q's shape already.
+        raw = torch.stack(reported, -2) if reported[0].dim() < q.dim() else torch.cat(reported, -2)
+        return tokens, raw.to(q.dtype)
