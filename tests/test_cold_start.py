@@ -19,6 +19,7 @@ def test_the_tiny_smoke_reports_every_part_cold_and_warm(tmp_path):
         assert set(row["seconds"]) == {"import", "build", "compile", "first_token", "total"}
         assert row["seconds"]["compile"] < row["seconds"]["total"] and not row["compiled"]
         assert row["dtype"] == "torch.float32"  # a CPU computes in fp32
+        assert row["first_round_drafted"] == 4  # the first token is timed through a round that drafts γ = 4
     assert "eager      cold all CPUs" in done.stdout
 
 

@@ -44,3 +44,38 @@ def test_unwritten_and_malformed_rounds(target, draft, capsys):
     too_many = lambda target, draft, cache, context, gamma: [1] * (gamma + 2)
     assert check_speculative_round(too_many, target, draft, PROMPT, gamma=3) is False
     assert "emits 1 to γ + 1 = 4" in capsys.readouterr().out
+
+
+# ---- notebook 08's "which α gives 1.5×?" ------------------------------------------------------------
+
+
+def test_alpha_for_speedup_checker_takes_the_right_answer_at_every_verify_cost():
+    """The solutions' answers (notebook 08: 1.5x; notebook 06: break-even) pass whatever verify cost the learner's
+    device measured: a root (vc 1.44, about the committed run), nan (vc 3.0: even α = 1 gives 5/3.4 = 1.47x), and 0
+    (vc 0.2, a busy CPU: even α = 0 gives 1/(0.4 + 0.2) = 1.67x; notebook 08's old checker demanded
+    speedup(α) = 1.5 ± 0.02 there and so rejected every answer). Answers off by more than ±0.005 in α fail
+    (the old break-even check, speedup 1 ± 0.02, took α 0.012 below the root)."""
+    import numpy as np
+    import pytest
+
+    from specdec_edu import alpha_for_speedup, expected_speedup
+    from specdec_edu.course.exercises import check_alpha_for_speedup
+
+    grid = np.linspace(0, 0.99999, 100001)
+    for vc, right in [(1.44, 0.6975), (3.0, "nan"), (0.2, 0.0)]:
+        s = expected_speedup(grid, 4, 0.1, verify_cost=vc)
+        answer = float(grid[np.argmax(s >= 1.5)]) if s.max() >= 1.5 else float("nan")  # notebook 08's solution
+        got = check_alpha_for_speedup(answer, 4, 0.1, vc, speedup=1.5)
+        assert (got != got) if right == "nan" else abs(got - right) < 0.001, (vc, got)
+    for vc, wrong in [(1.44, 0.5), (1.44, None), (1.44, float("nan")), (3.0, 0.9), (0.2, 0.5), (0.2, float("nan"))]:
+        with pytest.raises(AssertionError):
+            check_alpha_for_speedup(wrong, 4, 0.1, vc, speedup=1.5)
+    # Notebook 06's break-even at its committed costs: the root ± 0.004 passes, ± 0.012 fails on both sides.
+    c_run, vc_run = 0.0846, 1.3
+    root = alpha_for_speedup(1.0, 4, c_run, vc_run)
+    for off, ok in [(0.004, True), (-0.004, True), (0.012, False), (-0.012, False)]:
+        if ok:
+            check_alpha_for_speedup(root + off, 4, c_run, vc_run, speedup=1.0)
+        else:
+            with pytest.raises(AssertionError):
+                check_alpha_for_speedup(root + off, 4, c_run, vc_run, speedup=1.0)

@@ -4,6 +4,10 @@
 treats an exercise left as ``...`` as "not attempted yet" rather than an error, so that
 running a whole notebook never stops at an untouched exercise cell.
 
+``check_alpha_for_speedup(a, gamma, c, verify_cost, speedup)`` checks "which α gives this speedup?" (the
+break-even of notebook 06, the 1.5× of notebook 08) on the learner's own measured costs, including the two
+ends where the answer is not a root.
+
 ``check_speculative_round(round_fn, target, draft, prompt_ids)`` runs a learner's greedy
 speculative round (notebook 06, "build it yourself") until the answer is long enough and
 compares it, token by token, with the target's own greedy output.
@@ -17,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["check_answer", "check_speculative_round"]
+__all__ = ["check_answer", "check_alpha_for_speedup", "check_speculative_round"]
 
 
 def _matches(answer: Any, expected: Any, tol: float) -> bool:
@@ -62,6 +66,31 @@ def check_answer(name: str, answer: Any, expected: Any, *, tol: float = 1e-6, hi
         raise AssertionError(message + (f" Hint: {hint}" if hint else ""))
     print(f"{name}: correct!")
     return True
+
+
+def check_alpha_for_speedup(a, gamma: int, c: float, verify_cost: float, speedup: float, tol: float = 0.005) -> float:
+    """Is ``a`` the acceptance rate at which ``expected_speedup`` reaches ``speedup``, within ``tol``?
+
+    Returns the right answer if it is, else raises ``AssertionError`` saying why (the notebooks print their own
+    "correct" line). The right answer moves with the verify cost each device measures, and has two ends that are
+    not a root: ``nan`` when even α = 1 falls short, and 0 when even α = 0 gets there (a verify pass measured
+    cheaper than a step, as on a busy CPU: every drafter then does).
+    """
+    from ..theory import alpha_for_speedup, expected_speedup
+
+    try:
+        right = alpha_for_speedup(speedup, gamma, c, verify_cost)
+    except ValueError:  # out of reach
+        best = float(expected_speedup(1.0, gamma, c, verify_cost=verify_cost))
+        assert a is not None and a != a, f"even α = 1 only gives {best:.2f}x here: set nan"
+        return float("nan")
+    assert a is not None and a == a, f"α = {a} does not give {speedup}x"
+    if right == 0:
+        worst = float(expected_speedup(0.0, gamma, c, verify_cost=verify_cost))
+        assert abs(a) <= tol, f"even α = 0 gives {worst:.2f}x here (verify pass {verify_cost:.2f} steps): the answer is 0"
+    assert abs(a - right) <= tol, (f"at α = {a:.3f} the predicted speedup is "
+                                   f"{float(expected_speedup(a, gamma, c, verify_cost=verify_cost)):.3f}, not {speedup}")
+    return right
 
 
 @torch.no_grad()
