@@ -243,7 +243,9 @@ def decoding_rows(check: Check, mode: str, drafters: dict, points: list, read_by
     fns, dials = {"target": lambda: autoregressive_generate(target, prompt, max_new_tokens=n_new, **kw)}, {}
     for label, drafter in drafters.items():
         for point in points:
-            dial = dials[label, point] = ReplayDrafter(check.reference, point[0], check.vocab, cost_model=drafter)
+            # eager mode hands in bare models: keep them eager (a bare model's default is compiled on CUDA)
+            dial = dials[label, point] = ReplayDrafter(check.reference, point[0], check.vocab, cost_model=drafter,
+                                                       compile=mode != "eager")
             fns[label, point] = lambda dial=dial, g=point[1]: check.speculative(dial, g, mode)
     runs = check.benchmark(fns)
     base = target_only_row(check, mode, runs["target"], read_bytes_per_s)

@@ -161,6 +161,29 @@ def test_a_run_cut_off_keeps_what_it_measured(gpu_check, tmp_path, monkeypatch):
     assert saved["versions"]["torch"] and len(saved["section_seconds"]) == 4  # bandwidth, latency, c, eager decoding
 
 
+def test_the_eager_section_pays_an_eager_draft_where_generation_compiles_by_default(gpu_check, tmp_path, monkeypatch):
+    """Section 4 ("decoding, eager") hands the dial bare draft models; on CUDA a bare model's default is compiled, so
+    the eager rows paid a compiled draft (c ≈ 0.18 where run 4 measured 1.35 eager). $SPECDEC_EDU_COMPILE=1 stands in
+    for CUDA; the spy records what the dial asked for, then builds it eager (no inductor on this CPU)."""
+    import specdec_edu.generate as generate
+
+    asked, real = [], generate.as_drafter
+
+    def spy(draft, target, compile=False, compile_options=None, positions=0):
+        asked.append(compile)
+        return real(draft, target, False, compile_options, positions)
+
+    def cut_off(*args, **kwargs):
+        raise TimeoutError("stop after the eager decoding section")
+
+    monkeypatch.setenv("SPECDEC_EDU_COMPILE", "1")
+    monkeypatch.setattr(generate, "as_drafter", spy)
+    monkeypatch.setattr(gpu_check, "hf_comparison", cut_off)
+    with pytest.raises(TimeoutError):
+        gpu_check.main(TINY + ["--quick", "--json", str(tmp_path / "gpu.json")])
+    assert asked and not any(asked), asked
+
+
 def test_a_compiler_failure_runs_the_drafts_eager_and_the_dtype_follows_the_course_rule(gpu_check, monkeypatch, tmp_path):
     """On a T4 the check took bf16 (emulated there; Triton cannot compile it), and a draft that failed to compile
     ended the run. Now the dtype is the course's (here: $SPECDEC_EDU_DTYPE=fp16), and a failing compiler leaves
