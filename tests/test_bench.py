@@ -184,6 +184,14 @@ def test_bench_cli_rejects_bad_batch_sizes():
     for bad in (["--batch-sizes", "1,x"], ["--batch-sizes", "0"], ["--batch-sizes", "4", "--drafter", "prompt-lookup"]):
         with pytest.raises(SystemExit, match="batch-sizes"):
             main(parser.parse_args(bad))
+    # --hf-lookup takes two numbers (one made a raw unpacking error after the models had loaded); a device torch
+    # cannot use here is named with the fix (torch's own AssertionError came from inside the first load)
+    for bad in ("4", "4,2,1", "4,x", "0,2"):
+        with pytest.raises(SystemExit, match="--hf-lookup .*TOKENS,NGRAM"):
+            main(parser.parse_args(["--hf-lookup", bad]))
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="--device cuda: torch .* sees no CUDA device here; leave --device out"):
+            main(parser.parse_args(["--device", "cuda"]))
 
 
 def test_bench_compiled_runs_the_eager_twins_beside(target, closer_draft, own_cost_per_call, monkeypatch):
@@ -206,3 +214,42 @@ def test_bench_compiled_runs_the_eager_twins_beside(target, closer_draft, own_co
     eager = run_bench(target, closer_draft, inputs, drafter="model", gamma=3, max_new_tokens=12, repeats=1, progress=False)
     assert not eager["compiled"] and "compiled_over_eager" not in eager  # the CPU default: eager, no twins
     assert format_table(eager).startswith("our methods: eager")
+
+
+@pytest.mark.parametrize("device,c", [("cpu", 0.0002), ("mps", 0.1)])
+def test_c_comes_from_a_profiled_run_where_the_clock_does_not_wait_for_the_device(monkeypatch, device, c):
+    """On a CPU the timed runs' clock sees all the work, and c comes from them: 8 drafts in 0.0008 s against a 0.5 s
+    target step. On an asynchronous device (MPS or CUDA) their draft seconds are only the time to queue the
+    drafting (the GPU time lands in the verify: c near 0 where the H200 measured about 1), so c comes from the
+    profiled run: 8 drafts in 0.4 s, c = 0.1. (The old code took the timed runs' c everywhere.)"""
+    monkeypatch.setattr(bench, "forward_seconds", lambda *args, **kwargs: 1.0)
+    target = types.SimpleNamespace(device=torch.device(device), dtype=torch.float32)
+    timed = GenerationStats(new_tokens=10, rounds=4, drafted=8, accepted=6, rejected_rounds=2, draft_seconds=0.0008,
+                            verify_seconds=2.4)
+    results = {"speculative": MethodResult("speculative", [4.0], [[1]], [timed]),
+               "target_only": MethodResult("target_only", [2.0], [[1]], [GenerationStats(rounds=9, verify_seconds=4.5)])}
+    profiled = ({"draft": 100.0}, GenerationStats(rounds=4, drafted=8, accepted=6, draft_seconds=0.4, verify_seconds=2.0))
+    out = bench.summarise(target, None, results, "model", 4, [torch.tensor([[1]])], False, profiled)
+    assert out["c"] == pytest.approx(c)
+    assert out["c_from"].startswith("the timed runs" if device == "cpu" else "a profiled run")
+    assert out["alpha"] == 0.75  # α and τ always come from the timed runs
+
+
+def test_the_warm_up_makes_every_cache_at_its_final_size(target, monkeypatch):
+    """Each method's first (untimed) call runs the longest prompt to the real max_new_tokens: a compiled cache is
+    sized by prompt + max_new_tokens + γ, so a warm-up on the first prompt for 8 tokens left a longer prompt to
+    replace the cache, and compile every width again, inside the timed repeats (a review helper measured it)."""
+    real_methods_for, first_calls = bench.methods_for, {}
+
+    def recording(name, fn):
+        def run(ids, n):
+            first_calls.setdefault(name, (ids.shape[-1], n))
+            return fn(ids, n)
+        return run
+
+    monkeypatch.setattr(bench, "methods_for", lambda *args, **kwargs: {
+        name: recording(name, fn) for name, fn in real_methods_for(*args, **kwargs).items()})
+    inputs = [torch.tensor([[1, 2, 3, 4]]), torch.tensor([[9, 8, 7, 6, 5, 4, 3, 2, 1]])]
+    run_bench(target, PromptLookupDrafter(), inputs, drafter="prompt-lookup", gamma=3, max_new_tokens=12, repeats=1,
+              progress=False, eos_token_id=0)
+    assert first_calls and set(first_calls.values()) == {(9, 12)}, first_calls

@@ -172,3 +172,52 @@ def test_real_demo_on_the_embedded_pair(capsys):
         assert row in text
     assert "NO, from token" not in text
     assert "prompt lookup" in text and "suffix (no model)" in text
+
+
+def test_on_an_asynchronous_device_c_and_the_verify_cost_come_from_a_profiled_run(monkeypatch, tiny_pair):
+    """The demo's timed runs read the GPU once per round, so their draft seconds are only queuing time. There
+    ``cost_stats`` makes one more run with profile=True, and ``analyse`` takes c and the verify cost from it
+    (here: the hand-made runs of the test above, with profiled draft 0.8 s → c 0.2, verify 2.0 s → 1.0). On a
+    CPU no extra run is made. And the model drafter is the draft model itself, so that it compiles wherever the
+    target does (a ModelDrafter made by the demo stayed eager beside a compiled target)."""
+    import specdec_edu
+
+    calls = []
+    monkeypatch.setattr(specdec_edu, "speculative_generate",
+                        lambda *args, **kwargs: calls.append(kwargs) or types.SimpleNamespace(stats="profiled"))
+    settings = demo.DemoSettings(gamma=4)
+    cpu, cuda = (types.SimpleNamespace(device=torch.device(d)) for d in ("cpu", "cuda"))
+    assert demo.cost_stats(cpu, None, "prompt-lookup", None, settings, None) is None and not calls
+    assert demo.cost_stats(cuda, None, "prompt-lookup", None, settings, None) == "profiled"
+    assert calls[0]["profile"] is True
+
+    prompt, new = [1, 2, 3], list(range(10, 20))
+    run = lambda **stats: types.SimpleNamespace(sequences=torch.tensor([prompt + new]),  # noqa: E731
+                                                stats=GenerationStats(new_tokens=10, **stats))
+    baseline = run(seconds=5.0, rounds=9, verify_seconds=4.5)
+    speculative = run(seconds=2.5, rounds=4, drafted=8, accepted=6, rejected_rounds=2, draft_seconds=0.004,
+                      verify_seconds=2.8)
+    profiled = GenerationStats(new_tokens=10, rounds=4, drafted=8, accepted=6, draft_seconds=0.8, verify_seconds=2.0)
+    r = demo.analyse("model", "p", torch.tensor([prompt]), baseline, speculative, settings, profiled)
+    assert (r.c, r.verify_cost) == (pytest.approx(0.2), pytest.approx(1.0))
+    target, draft = tiny_pair
+    assert demo.make_drafter("model", draft, target) is draft
+
+
+def test_a_missing_draft_model_names_the_drafters_that_still_run(monkeypatch, capsys):
+    """With the draft model missing, the demo carries on and names what runs (it said "prompt lookup only" while
+    the suffix drafter ran too); a device torch cannot use here is refused with the fix."""
+    from specdec_edu.models import embedded
+    from specdec_edu.models.weights import EmbeddedModelError
+
+    def missing(device):
+        raise EmbeddedModelError("the embedded draft model is missing")
+
+    monkeypatch.setattr(embedded, "load_embedded_draft", missing)
+    settings = demo.DemoSettings(drafters=("model", "prompt-lookup", "suffix"))
+    target, draft, _ = demo.load_models(settings, "cpu")
+    assert draft is None and settings.drafters == ("prompt-lookup", "suffix")
+    assert "continuing without the draft model: prompt-lookup, suffix." in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="--device cuda: .*sees no CUDA device"):
+            demo.load_models(settings, "cuda")

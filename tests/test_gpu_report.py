@@ -43,6 +43,24 @@ def test_the_predicted_table_follows_bandwidth():
     assert t4["c"] < 0.35 < 0.9 < h200["c"] and t4["speedup"] > 1 > h200["speedup"]
 
 
+def test_the_measured_row_is_the_runs_own_and_its_columns_agree():
+    """The H200 row's c, verify cost and speedup are those of gpu_check's compiled draft + target row at the dial's
+    α 0.8 in the committed JSON, and its draft step is c × its target step (it showed the median round's 2.4 ms
+    beside c = 1.05 from the run's totals, and a header fixed at α 0.8, γ 4 whatever the arguments)."""
+    import json
+
+    run = json.loads((README.parent / "assets/results/gpu_h200_2026-11-30/run4_compiled_smollm2_quick.json").read_text())
+    row = next(r for r in run["speculative"] if r["mode"] == "compiled draft + target" and r["noise"] == 0.2)
+    step = next(r["step_ms"] for r in run["target_only"] if r["mode"] == "compiled draft + target")
+    assert (row["gamma"], round(row["alpha"], 2)) == (4, 0.80) and gpu_report.H200_TARGET_MS == round(step, 3)
+    for key in ("c", "verify_cost", "speedup"):
+        assert gpu_report.H200_RUN[key] == pytest.approx(row[key], abs=0.005), key
+    measured = predicted_table().splitlines()[-1].split(" | ")
+    target_ms, draft_ms, c = float(measured[2][:-3]), float(measured[3][:-3]), float(measured[4])
+    assert draft_ms == pytest.approx(c * target_ms, abs=0.1) and measured[5] == f"{row['speedup']:.2f}×"
+    assert "speedup at α 0.6, γ 6" in predicted_table(gamma=6, alpha=0.6)
+
+
 def test_the_readme_quotes_the_predicted_table():
     table = predicted_table()
     assert table in README.read_text(), "README's GPU table drifted: paste `python -m specdec_edu gpu-report --predict`"

@@ -164,14 +164,15 @@ def methods_for(target, draft, drafter: str, gamma: int, eos, compiled: bool = F
     return methods
 
 
-def profile_round(target, draft, ids, gamma: int, max_new_tokens: int = 32, compiled: bool = False) -> dict[str, float]:
+def profile_round(target, draft, ids, gamma: int, max_new_tokens: int = 32, compiled: bool = False):
     """Median milliseconds of each phase of a round (draft, verify forward, accept/resample, cache crop),
-    measured inside ``speculative_generate`` itself (``profile=True``: a device sync at every phase boundary)."""
+    measured inside ``speculative_generate`` itself (``profile=True``: a device sync at every phase boundary),
+    and that run's stats (whose draft and verify seconds are exact on any device)."""
     run = lambda: speculative_generate(target, draft, ids, max_new_tokens=max_new_tokens, gamma=gamma, profile=True,
                                        compile=compiled)
     run()  # warm-up: first calls pay for allocations and lazy initialisation
-    phases = run().stats.phase_seconds
-    return {name: 1000 * statistics.median(seconds) for name, seconds in phases.items()}
+    stats = run().stats
+    return {name: 1000 * statistics.median(seconds) for name, seconds in stats.phase_seconds.items()}, stats
 
 
 def method_result(name: str, repeats: list[list]) -> MethodResult:
@@ -201,8 +202,11 @@ def run_bench(target, draft, inputs, *, eos_token_id=None, drafter="model", gamm
     compiled = resolve_compile(compile, target.device, None)
     methods = methods_for(target, draft, drafter, gamma, eos_token_id, compiled, corpus_additions, hf_lookup,
                           suffix_options)
-    for fn in methods.values():  # warm-up: first calls pay for allocations, lazy init and compiling (8 tokens are enough)
-        fn(inputs[0], 8)
+    # Warm-up: first calls pay for allocations, lazy init and compiling. The longest prompt at the real length, so
+    # that every compiled cache is made here at its final size (a longer run later would replace it inside the clock).
+    longest = max(inputs, key=lambda ids: ids.shape[-1])
+    for fn in methods.values():
+        fn(longest, max_new_tokens)
 
     def every_prompt(fn):  # one repeat of a method: each prompt timed on its own
         return lambda: [timed(lambda ids=ids: fn(ids, max_new_tokens), target.device) for ids in inputs]
@@ -210,7 +214,9 @@ def run_bench(target, draft, inputs, *, eos_token_id=None, drafter="model", gamm
     runs = interleaved_benchmark({name: every_prompt(fn) for name, fn in methods.items()}, repeats=repeats, warmup=0,
                                  progress=progress)
     results = {name: method_result(name, reps) for name, reps in runs.items()}
-    out = summarise(target, draft, results, drafter, gamma, inputs, compiled)
+    profiled = profile_round(target, bench_drafter(drafter, target, draft, corpus_additions, suffix_options), inputs[0],
+                             gamma, compiled=compiled)
+    out = summarise(target, draft, results, drafter, gamma, inputs, compiled, profiled)
     if drafter == "suffix":
         out["hf_prompt_lookup_setting"] = dict(zip(("prompt_lookup_num_tokens", "max_matching_ngram_size"),
                                                    hf_lookup or (gamma, 2)))
@@ -280,11 +286,16 @@ def default_prompts(drafter: str) -> list[str]:
     return GROUNDED_PROMPTS if drafter == "prompt-lookup" else CHAT_PROMPTS
 
 
-def summarise(target, draft, results, drafter, gamma, inputs, compiled=False):
+def summarise(target, draft, results, drafter, gamma, inputs, compiled=False, profiled=None):
+    """The result dictionary. ``profiled``: ``profile_round``'s (phase milliseconds, stats) for the same drafter."""
     spec, base = results["speculative"], results["target_only"]
     pooled, baseline = GenerationStats.pooled(spec.stats), GenerationStats.pooled(base.stats)
     alpha, tau, drafted = pooled.alpha, pooled.tau, pooled.drafted
-    c = pooled.draft_seconds_per_token / baseline.target_seconds_per_forward if drafted else 0.0
+    # c from the timed runs where their clock saw the work (a CPU). On a GPU their clock never waited for the
+    # device during drafting (one read per round, at the verify): the draft's GPU time landed in the verify, and
+    # c came out near 0. There it comes from the profiled run, which waits at every phase.
+    costs = pooled if target.device.type == "cpu" else profiled[1]
+    c = costs.draft_seconds_per_token / baseline.target_seconds_per_forward if drafted else 0.0
     verify_cost = forward_seconds(target, gamma + 1, compile=compiled) / forward_seconds(target, 1, compile=compiled)
     reference = base.outputs
     out = {
@@ -304,7 +315,8 @@ def summarise(target, draft, results, drafter, gamma, inputs, compiled=False):
         "identical_outputs": {name: r.outputs == reference for name, r in results.items()},
         "tok_s": {name: r.median for name, r in results.items()},
         "tok_s_per_repeat": {name: r.tokens_per_second for name, r in results.items()},
-        "round_profile_ms": profile_round(target, bench_drafter(drafter, target, draft), inputs[0], gamma, compiled=compiled),
+        "c_from": "the timed runs" if costs is pooled else "a profiled run of the first prompt (device waited for)",
+        "round_profile_ms": profiled[0],
         "compiled": compiled,
         "device": str(target.device),
         "device_name": (torch.cuda.get_device_name() if target.device.type == "cuda"
@@ -413,6 +425,7 @@ def add_arguments(parser) -> None:
 def main(args) -> int:
     import transformers
 
+    from ..models.devices import requested_device
     from ..models.embedded import chat_prompt, load_pair
 
     transformers.utils.logging.set_verbosity_error()
@@ -424,7 +437,18 @@ def main(args) -> int:
         raise SystemExit(f"--batch-sizes {args.batch_sizes!r}: give whole numbers separated by commas, e.g. 1,4,16") from None
     if any(b < 1 for b in batch_sizes) or (batch_sizes and args.drafter != "model"):
         raise SystemExit("--batch-sizes needs positive sizes and --drafter model (batched drafting uses a draft model)")
-    target, draft, tokenizer = load_pair(args.pair, device=args.device)
+    try:
+        hf_lookup = tuple(int(x) for x in args.hf_lookup.split(",")) if args.hf_lookup else None
+        if hf_lookup is not None and (len(hf_lookup) != 2 or min(hf_lookup) < 1):
+            raise ValueError
+    except ValueError:
+        raise SystemExit(f"--hf-lookup {args.hf_lookup!r}: give TOKENS,NGRAM, two positive whole numbers, "
+                         "e.g. 4,2") from None
+    try:
+        device = requested_device(args.device)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    target, draft, tokenizer = load_pair(args.pair, device=device)
     if args.threads:
         torch.set_num_threads(args.threads)
     prompts = default_prompts(args.drafter) if args.prompt_set == "default" else eval_prompts(args.prompt_set)
@@ -435,7 +459,6 @@ def main(args) -> int:
         additions = [autoregressive_generate(target, chat_prompt(tokenizer, p, device=target.device),
                                              max_new_tokens=args.max_new_tokens, eos_token_id=tokenizer.eos_token_id)
                      .row(0).tolist() for p in reworded_originals()[: args.limit]]
-    hf_lookup = tuple(int(x) for x in args.hf_lookup.split(",")) if args.hf_lookup else None
     result = run_bench(
         target, draft, inputs, eos_token_id=tokenizer.eos_token_id, drafter=args.drafter,
         gamma=args.gamma, max_new_tokens=args.max_new_tokens, repeats=args.repeats,

@@ -114,14 +114,16 @@ class DrafterReport:
 # --------------------------------------------------------------------------------------
 def make_drafter(kind: str, draft_model, target=None):
     """Build the drafter object for ``kind`` ("model", "eagle", "medusa", "prompt-lookup" or "suffix")."""
-    from .. import ModelDrafter, PromptLookupDrafter, load_drafter
+    from .. import PromptLookupDrafter, load_drafter
 
     if kind in ("eagle", "medusa", "suffix"):
         return load_drafter(kind, target)
     if kind == "model":
         if draft_model is None:
             raise ValueError("the model drafter needs a draft model")
-        return ModelDrafter(draft_model)
+        # The model itself: speculative_generate makes a fresh ModelDrafter of it per call, compiled wherever the
+        # target is (a ModelDrafter made here would stay eager beside a compiled target on a GPU).
+        return draft_model
     if kind == "prompt-lookup":
         return PromptLookupDrafter(max_ngram=3)
     raise ValueError(f"unknown drafter {kind!r}; choose one of {sorted(DRAFTER_LABELS)}")
@@ -166,6 +168,20 @@ def run_both(target, draft_model, kind, input_ids, settings, eos_token_id):
     return fastest(baselines), fastest(speculatives)
 
 
+def cost_stats(target, draft_model, kind, input_ids, settings, eos_token_id):
+    """The stats to read the draft and verify seconds from: the timed run's own on a CPU (its clock sees all the
+    work), ``None``; elsewhere one more run with ``profile=True``. A GPU runs queued work asynchronously and the
+    timed runs read the device once per round, at the verify, so their draft seconds are only the time to queue
+    the drafting, and its GPU time lands in the verify: c near 0 and the verify cost too high."""
+    from .. import speculative_generate
+
+    if target.device.type == "cpu":
+        return None
+    return speculative_generate(target, make_drafter(kind, draft_model, target), input_ids, gamma=settings.gamma,
+                                eos_token_id=eos_token_id, profile=True,
+                                **_sampling_kwargs(settings, target.device)).stats
+
+
 def warm_up(target, draft_model, kinds, input_ids, settings, eos_token_id) -> None:
     """A few tokens through every code path, so that one-off start-up costs are not timed."""
     short = dataclasses.replace(settings, max_new_tokens=4, repeats=1)
@@ -184,8 +200,11 @@ def target_step_seconds(baseline) -> float:
     return stats.seconds / max(1, stats.new_tokens)
 
 
-def analyse(kind, prompt, input_ids, baseline, speculative, settings) -> DrafterReport:
+def analyse(kind, prompt, input_ids, baseline, speculative, settings, costs=None) -> DrafterReport:
     """Derive speedup, c, verify cost and the predicted speedups from the two runs.
+
+    ``costs``: the stats to take the draft and verify seconds from (default: the speculative run's; on a GPU,
+    a profiled run's, see :func:`cost_stats`).
 
     * c = (draft seconds per drafted token) / (seconds per target-only decoding step):
       what one guess costs in units of one ordinary decoding step.
@@ -196,15 +215,16 @@ def analyse(kind, prompt, input_ids, baseline, speculative, settings) -> Drafter
     from .. import expected_speedup
 
     stats, gamma = speculative.stats, settings.gamma
+    costs = costs or stats
     n_prompt = input_ids.shape[-1]
     report = DrafterReport(kind, prompt, baseline, speculative,
                            new_tokens=speculative.sequences[0, n_prompt:].tolist())
     report.speedup = stats.tokens_per_second / baseline.stats.tokens_per_second
     step = target_step_seconds(baseline)
-    if stats.drafted:
-        report.c = stats.draft_seconds / stats.drafted / step
-    if stats.rounds:
-        report.verify_cost = stats.verify_seconds / stats.rounds / step
+    if costs.drafted:
+        report.c = costs.draft_seconds / costs.drafted / step
+    if costs.rounds:
+        report.verify_cost = costs.verify_seconds / costs.rounds / step
     if stats.drafted and report.c == report.c:  # c is not NaN
         alpha = float(stats.alpha)
         report.predicted = expected_speedup(alpha, gamma, report.c)
@@ -225,7 +245,8 @@ def compare_drafter(target, draft_model, tokenizer, kind, settings) -> DrafterRe
     input_ids = chat_prompt(tokenizer, prompt, device=target.device)
     eos = tokenizer.eos_token_id
     baseline, speculative = run_both(target, draft_model, kind, input_ids, settings, eos)
-    report = analyse(kind, prompt, input_ids, baseline, speculative, settings)
+    costs = cost_stats(target, draft_model, kind, input_ids, settings, eos)
+    report = analyse(kind, prompt, input_ids, baseline, speculative, settings, costs)
     if report.identical is False:  # greedy outputs that part: say whether rounding can explain it
         explain_difference(report, target, input_ids, settings.gamma)
     return report
@@ -396,11 +417,14 @@ def load_models(settings: DemoSettings, device=None):
     If the draft model is missing but prompt lookup can still run (``--drafter both``),
     carry on without it and say so, rather than fail.
     """
-    from ..models.devices import default_device
+    from ..models.devices import requested_device
     from ..models.embedded import load_embedded_draft, load_embedded_target, load_embedded_tokenizer
     from ..models.weights import EmbeddedModelError
 
-    device = torch.device(device) if device is not None else default_device()
+    try:
+        device = requested_device(device)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     target = load_embedded_target(device)
     tokenizer = load_embedded_tokenizer()
     draft = None
@@ -410,8 +434,9 @@ def load_models(settings: DemoSettings, device=None):
         except EmbeddedModelError as exc:
             if settings.drafters == ("model",):
                 raise
-            print(f"note: {exc}\nnote: continuing with prompt lookup only.", file=sys.stderr)
             settings.drafters = tuple(d for d in settings.drafters if d != "model")
+            print(f"note: {exc}\nnote: continuing without the draft model: {', '.join(settings.drafters)}.",
+                  file=sys.stderr)
     return target, draft, tokenizer
 
 

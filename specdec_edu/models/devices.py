@@ -23,6 +23,23 @@ def default_device() -> torch.device:
     return torch.device("cpu")
 
 
+def requested_device(name: str | None) -> torch.device:
+    """The device a command's ``--device`` names (``None``: :func:`default_device`), or a ``ValueError`` naming the
+    fix when torch cannot use it here (torch's own message is an AssertionError from deep inside the first load)."""
+    if name is None:
+        return default_device()
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"--device {name!r}: not a device torch knows; use cuda, mps or cpu") from None
+    mps = getattr(torch.backends, "mps", None)
+    usable = {"cuda": torch.cuda.is_available(), "mps": mps is not None and mps.is_available()}.get(device.type, True)
+    if not usable:
+        raise ValueError(f"--device {name}: torch {torch.__version__} sees no {device.type.upper()} device here; "
+                         f"leave --device out (the best available: {default_device()}) or pass --device cpu")
+    return device
+
+
 def native_bf16(device) -> bool:
     """Does this CUDA device compute bf16 in hardware (compute capability ≥ 8.0: A100, L4, H100, …)?
 
