@@ -79,3 +79,25 @@ def test_alpha_for_speedup_checker_takes_the_right_answer_at_every_verify_cost()
         else:
             with pytest.raises(AssertionError):
                 check_alpha_for_speedup(root + off, 4, c_run, vc_run, speedup=1.0)
+
+
+def test_notebook_05_exercise_1_takes_any_answer_its_question_allows():
+    """"About what will the TV be after 100,000 samples?", asked after a TV "about 0.02–0.03" at 1,000: a tenth of
+    it. The checker took only 0.0023–0.0029, so it rejected both ends of the question's own range (and a run's own
+    TV / 10 on most seeds). It must take 0.002–0.003, and still reject the usual slips: no division, ÷ 100, ÷ √10."""
+    import json
+    import re
+    from pathlib import Path
+
+    import pytest
+
+    from specdec_edu.course.exercises import check_answer
+
+    nb = json.loads((Path(__file__).resolve().parents[1] / "notebooks" / "05_empirical_proof.ipynb").read_text())
+    source = next("".join(c["source"]) for c in nb["cells"] if 'check_answer("exercise 1", answer_1' in "".join(c["source"]))
+    expected, tol = map(float, re.search(r'check_answer\("exercise 1", answer_1, ([\d.e-]+), tol=([\d.e-]+)', source).groups())
+    for right in (0.002, 0.0025, 0.0026, 0.003, 0.035 / 10, 0.017 / 10):
+        assert check_answer("ex1", right, expected, tol=tol)
+    for slip in (0.026, 0.00026, 0.026 / 10**0.5):
+        with pytest.raises(AssertionError):
+            check_answer("ex1", slip, expected, tol=tol)

@@ -137,3 +137,17 @@ def test_widgets_without_ipywidgets_say_how_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "ipywidgets", None)  # as if not installed
     with pytest.raises(ImportError, match=r"specdec-edu\[notebooks\]"):
         accept_rule_explorer()
+
+
+def test_residual_explorer_shows_no_residual_when_q_equals_p():
+    """q = p (notebook 04 asks the learner to try it): nothing is rejected, and no residual exists. The widget drew
+    residual_distribution's fallback, p itself, as red "residual" bars and printed it as the residual."""
+    ex = residual_explorer(samples=100)
+    for t in ("everyday", "today", "tomorrow"):
+        ex.controls[f"q[{t}]"].value = ex.controls[f"p[{t}]"].value
+    assert ex.state["rejection_probability"] == pytest.approx(0.0, abs=1e-12)
+    np.testing.assert_array_equal(ex.state["residual"], [0, 0, 0])
+    np.testing.assert_allclose(ex.state["output"], ex.state["p"], atol=1e-12)
+    summary = ex.ui.children[-2].value  # the one-line HTML above the figure
+    assert "residual: none (q = p" in summary, summary
+    ex.figure()

@@ -247,7 +247,10 @@ def residual_explorer(
             return
         pt, qt = as_distribution(pw), as_distribution(qw)
         accepted = qt * acceptance_probability(pt, qt)
-        residual = residual_distribution(pt, qt)
+        never_rejects = float(1 - accepted.sum()) <= 1e-12  # q = p: nothing to correct
+        # residual_distribution falls back to p when max(0, p − q) is all zero (the loop never uses it then);
+        # the widget must not draw that p as "the residual"
+        residual = torch.zeros_like(pt) if never_rejects else residual_distribution(pt, qt)
         exact = output_distribution(pt, qt)
         tokens_out, _ = simulate_first_token(pt, qt, samples, generator=torch.Generator().manual_seed(seed))
         counts = np.bincount(tokens_out, minlength=len(tokens))
@@ -259,6 +262,7 @@ def residual_explorer(
             accepted=accepted.numpy(),
             rejection_probability=float(1 - accepted.sum()),
             residual=residual.numpy(),
+            residual_used=not never_rejects,
             output=exact.numpy(),
             simulated=counts / samples,
             max_abs_diff=float((exact - pt).abs().max()),
@@ -301,7 +305,8 @@ def residual_explorer(
     def summary():
         if state.get("error"):
             return f"<b>{state['error']}</b>"
-        residual = ", ".join(f"{t} {r:.2f}" for t, r in zip(tokens, state["residual"]))
+        residual = ", ".join(f"{t} {r:.2f}" for t, r in zip(tokens, state["residual"])) if state["residual_used"] else \
+            "none (q = p: no draft is ever rejected, so no residual is ever sampled)"
         return (f"<b>P(reject) = {state['rejection_probability']:.3f}</b>; residual: {residual}; "
                 f"max |output − p| = {state['max_abs_diff']:.1e}")
 
