@@ -66,12 +66,14 @@ class Flag:
 
 MEASURED = re.compile(
     r"\b(?:measur\w*|printed|plotted|shown|timed|here|this run|the runs?|runs?|in the table|the (?:plot|figure|bars?|"
-    r"curve|points?|columns?)|on this (?:cpu|device|machine|gpu)|on (?:the|one) h200|h200|notebook \d\d)\b|"
+    r"curve|points?|columns?)|on this (?:cpu|device|machine|gpu)|on (?:the|one) h200|h200|notebook \d\d|"
+    r"than (?:the )?target(?:-only| alone)?|than (?:a |the )?(?:small |standalone )?draft(?: model)?'?s?)\b|"
     r"\d(?:×|x\b)|\d\s*(?:ms\b|%)",
     re.IGNORECASE,
 )
-"""What makes a sentence speak of a measurement: a word pointing at a run or an output, or a measured quantity
-(a ratio ×, milliseconds, a percentage). A comparison in a sentence without any of them is taken as conceptual
+"""What makes a sentence speak of a measurement: a word pointing at a run or an output, a measured quantity
+(a ratio ×, milliseconds, a percentage), or a comparison with the target or the draft (``faster than the target``:
+what the notebooks measure, and what a review found written without a check). A comparison in a sentence without any of them is taken as conceptual
 (a property of the formula or the algorithm, true whatever a run measures) and not flagged."""
 
 
