@@ -101,3 +101,24 @@ def test_colab_cell_says_which_path_and_can_turn_compiling_off(path, monkeypatch
     exec(compile(body.replace("COMPILE = torch.cuda.is_available()", "COMPILE = False"), path.name, "exec"), {})
     assert printed[-1].endswith("path: eager") and os.environ["SPECDEC_EDU_COMPILE"] == "0"
     assert not compiles_by_default("cuda")
+
+
+# A device split of a round's time: stats.draft_seconds (and the verify seconds beside it) are exact only where a run's
+# clock sees all the work, a CPU. On a GPU the loop reads the device once per round, at the verify, so a run without
+# profile=True times only the queuing of the drafting (c near 0). Drafters that run on the host (prompt lookup, the
+# suffix drafter) queue nothing, so only a cell that splits a GPU-side drafter's time must offer the profiled run.
+HOST_DRAFTERS = ("sfx_stats",)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_a_cell_that_splits_draft_and_verify_time_has_a_profiled_run_on_a_gpu(path):
+    nb = json.loads(path.read_text())
+    for index, cell in enumerate(nb["cells"]):
+        source = "".join(cell["source"])
+        if cell["cell_type"] != "code" or not any(k in source for k in ("draft_seconds", "draft_seconds_per_token")):
+            continue
+        if any(name in source for name in HOST_DRAFTERS) or "draft_seconds + " in source:  # host drafter, or a sum
+            continue
+        profiled = "profile=True" in "".join("".join(c["source"]) for c in nb["cells"][: index + 1])
+        assert ('device.type != "cpu"' in source or "ASYNC" in source) and profiled, \
+            f"{path.name} cell {index} reads draft seconds without a profiled run for a GPU"
