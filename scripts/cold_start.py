@@ -123,17 +123,21 @@ def cpu_sets(requested: str) -> list[str]:
     return usable
 
 
-def measure(args) -> list[dict]:
+def measure(args, save=lambda rows: None) -> list[dict]:
+    """Every (path, CPU set) cold then warm; ``save(rows)`` after each row, so that a run cut by a time limit keeps
+    what it measured."""
     rows = []
     for path in args.paths.split(","):
         if path not in PATHS:
             raise SystemExit(f"unknown path {path!r}: choose from {', '.join(PATHS)}")
+    for path in args.paths.split(","):
         for cpus in cpu_sets(args.cpus):
             with tempfile.TemporaryDirectory(prefix="cold_start_") as cache_dir:  # fresh: cold, then warm in it
                 for cache in ("cold", "warm"):
                     row = run_child(args, path, cpus, cache_dir)
                     rows.append({"cpus": cpus, "cache": cache, **row})
                     print(format_row(rows[-1]), flush=True)
+                    save(rows)
     return rows
 
 
@@ -163,13 +167,19 @@ def main(argv=None) -> int:
     if args.child:
         print(json.dumps(child(args)))
         return 0
-    rows = measure(args)
-    if args.json:
-        import platform
+    import platform
 
-        Path(args.json).write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                                               "command": " ".join(sys.argv), "python": platform.python_version(),
-                                               "cpu_count": os.cpu_count(), "rows": rows}, indent=1))
+    date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    command = " ".join(["python scripts/cold_start.py", *(sys.argv[1:] if argv is None else argv)])
+
+    def save(rows):
+        if args.json:
+            Path(args.json).write_text(json.dumps({"date": date, "command": command,
+                                                   "python": platform.python_version(), "cpu_count": os.cpu_count(),
+                                                   "rows": rows}, indent=1))
+
+    save([])  # the date and command are on disk before the first (slow) process starts
+    rows = measure(args, save)
     return 1 if any("error" in r for r in rows) else 0
 
 

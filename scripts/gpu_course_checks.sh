@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Issue 24's GPU checks, in order of value; each stage is one command with room for a rerun in a 10-minute slot.
 #
-#   bash scripts/gpu_course_checks.sh smoke       # ≈ 5 min: dtype rule, forced fp16, forced compile failure, cold start
+#   bash scripts/gpu_course_checks.sh all         # one lease's first call: smoke steps 1-2 (a minute), the notebooks
+#                                                 # to a deadline that fits BUDGET, then smoke step 3 with the time left
+#   bash scripts/gpu_course_checks.sh smoke       # ≈ 5 min: dtype rule, forced compile failure, forced fp16, cold start
 #   bash scripts/gpu_course_checks.sh notebooks   # the 12 notebooks on CUDA, quick, in a scratch folder, 4 at a time
 #   bash scripts/gpu_course_checks.sh notebooks notebooks/0[0-4]_*.ipynb   # some of them (a rerun of the rest)
 #   bash scripts/gpu_course_checks.sh 7b          # the 7b goals (scripts/gpu_check.py)
@@ -9,9 +11,12 @@
 #                                                 # a CPU rehearsal of the plumbing (see scripts/gpu_wheels.sh)
 #
 # One lease is 15 minutes of device time, the machine's start (a minute or two) included, and one command runs at
-# most 600 s: it holds the notebooks stage (its deadline, 540 s, leaves room for the install and the archive) and
-# then, while the machine is warm, as much of smoke as the time left allows (each smoke step writes its file as it
-# goes, so a cut run still returns what ran). The 7b stage needs a lease of its own.
+# most 600 s. So: `all` first (timeout_s 600; BUDGET, default 580 s, is what the script plans to use of it: every
+# step's time limit is cut to what is left of BUDGET, counted from the script's start), then, if the machine is still
+# warm (30 s), `smoke` with the time left (each smoke step writes its file as it goes, so a cut run still returns
+# what ran). The 7b stage needs a lease of its own. Every stage writes $OUT/provenance.txt first (date, command,
+# settings, GPU, driver, versions; GIT_COMMIT=... names the commit, since .git does not travel). PYTHON: the
+# interpreter (default python3, the image's).
 #
 # The notebooks stage needs the Jupyter stack, which the GPU image lacks: run `bash scripts/gpu_wheels.sh` here
 # first and name .whl in the device tool's `carry`; this script installs what .whl/ holds (into /tmp/site).
@@ -23,27 +28,49 @@
 # gives it random weights at its real shape, with the real draft and tokenizer (say so next to every number).
 # Results go to $OUT (default: ./gpu_out); commit them under assets/results/ with device, versions, date, command.
 set -euo pipefail
+usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
+STAGE="${1:-}"
+case "$STAGE" in
+  all|smoke|notebooks|7b) ;;
+  -h|--help) usage; exit 0 ;;
+  *) usage >&2; echo "unknown or missing stage '${STAGE}': give all, smoke, notebooks or 7b" >&2; exit 2 ;;
+esac
+PY="${PYTHON:-python3}"  # the GPU image's interpreter is python3 (it may have no `python`)
 OUT="${OUT:-gpu_out}"
+BUDGET="${BUDGET:-580}"
+left() { echo $(( BUDGET - SECONDS )); }  # seconds of BUDGET left (bash counts SECONDS from the script's start)
+limit() { local l; l=$(left); if (( l < $1 )); then echo $(( l > 5 ? l : 5 )); else echo "$1"; fi; }  # a step's limit within BUDGET
 mkdir -p "$OUT"
-export SPECDEC_EDU_RANDOM_TARGET=1
+export SPECDEC_EDU_RANDOM_TARGET=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1  # no internet there: fail at once, never wait
+{
+  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "command: $0 $*"
+  echo "commit: ${GIT_COMMIT:-unknown (set GIT_COMMIT)}"
+  echo "settings: BUDGET=$BUDGET DEADLINE=${DEADLINE:-auto} JOBS=${JOBS:-4} DEVICE=${DEVICE:-cuda} SIZE=${SIZE:-7b}"
+  env | grep '^SPECDEC_EDU_' | sort || true
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo "nvidia-smi: none"
+} > "$OUT/provenance.txt"
 if compgen -G ".whl/*.whl" >/dev/null; then  # wheels carried from scripts/gpu_wheels.sh (the machine has no registry)
-  python -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+  # a failed install (wheels for another Python) must not cost the stages that need none of them
+  if "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl; then
+    export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+  else
+    echo "warning: the wheels in .whl/ did not install (made for another Python? scripts/gpu_wheels.sh makes cp312)" >&2
+  fi
 fi
-python -c "import torch, transformers; print(torch.__version__, transformers.__version__, torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no CUDA device')" | tee "$OUT/versions.txt"
+"$PY" -c "import torch, transformers; print(torch.__version__, transformers.__version__, torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no CUDA device')" \
+  | tee "$OUT/versions.txt" | tee -a "$OUT/provenance.txt"
 
-case "${1:-smoke}" in
-smoke)
-  # Every step runs even if one before it failed (`|| status=$?`); the exit status says whether all passed. The
-  # timeouts (150 s, 400 s, and seconds for the rest) keep the stage inside the device tool's 600 s per command.
-  # DEVICE=cpu COLD_PATHS=default rehearses the plumbing on a CPU (CUDA graphs exist on CUDA only).
-  DEVICE="${DEVICE:-cuda}"
-  status=0
-  # 1. the dtype rule on this GPU (an H200: bf16, native)
-  python -c "import sys, torch; from specdec_edu.models.devices import default_dtype, dtype_reason as r; d = torch.device(sys.argv[1]); print(r(d, default_dtype(d)))" "$DEVICE" \
+DEVICE="${DEVICE:-cuda}"
+status=0
+
+dtype_rule() {  # smoke 1: the dtype rule on this GPU (an H200: bf16, native)
+  timeout "$(limit 60)" "$PY" -c "import sys, torch; from specdec_edu.models.devices import default_dtype, dtype_reason as r; d = torch.device(sys.argv[1]); print(r(d, default_dtype(d)))" "$DEVICE" \
     2>&1 | tee "$OUT/dtype.txt" || status=$?
-  # 2. a compiler failure: both models fall back to eager, one warning each, same tokens
-  python - "$DEVICE" <<'EOF' 2>&1 | tee "$OUT/compile_failure.txt" || status=$?
+}
+
+compile_failure() {  # smoke 2: a compiler failure: both models fall back to eager, one warning each, same tokens
+  timeout "$(limit 90)" "$PY" - "$DEVICE" <<'EOF' 2>&1 | tee "$OUT/compile_failure.txt" || status=$?
 import sys, warnings
 import torch
 sys.path.insert(0, "tests")
@@ -63,39 +90,54 @@ same = out.sequences.tolist() == eager.sequences.tolist()
 print("same tokens as eager:", same, "compiled:", out.stats.compiled)
 sys.exit(0 if same and not out.stats.compiled and caught else 1)
 EOF
-  # 3. forced fp16, on the embedded pair's shapes (compiled on CUDA): the fp16 check, a report, the verdict
-  SPECDEC_EDU_DTYPE=fp16 timeout 150 python -m specdec_edu gpu-report --quick --pair embedded 2>&1 \
+}
+
+fp16_report() {  # smoke 3: forced fp16, on the embedded pair's shapes (compiled on CUDA): the fp16 check, a report
+  if (( $(left) < 30 )); then echo "smoke 3 (fp16 gpu-report) skipped: $(left) s of BUDGET left" | tee "$OUT/gpu_report_fp16.txt"; return; fi
+  SPECDEC_EDU_DTYPE=fp16 timeout "$(limit 150)" "$PY" -m specdec_edu gpu-report --quick --pair embedded 2>&1 \
     | tee "$OUT/gpu_report_fp16.txt" || status=$?
-  # 4. cold start of CUDA graphs without inductor, then of the default path, under two CPUs (Colab proxy); the
-  #    cheaper path first, so that a timeout leaves one path whole (the rows print as they come)
-  timeout 400 python scripts/cold_start.py --device "$DEVICE" --paths "${COLD_PATHS:-cudagraphs,default}" --cpus "0,1" \
-    --json "$OUT/cold_start.json" 2>&1 | tee "$OUT/cold_start.txt" || status=$?
-  exit "$status"
-  ;;
-notebooks)
-  python -c "import nbclient, ipykernel, ipywidgets" 2>/dev/null \
-    || { echo "no Jupyter stack here: run 'bash scripts/gpu_wheels.sh' where pip works, and carry .whl" >&2; exit 2; }
-  # executed copies go to a scratch folder, then into one archive; the committed notebooks stay as they are.
+}
+
+cold_start() {  # smoke 4: cold start of CUDA graphs without inductor, then of the default path, under two CPUs (a Colab
+  # proxy); the cheaper path first, so that a timeout leaves one path whole (the rows print as they come)
+  if (( $(left) < 60 )); then echo "smoke 4 (cold start) skipped: $(left) s of BUDGET left" | tee "$OUT/cold_start.txt"; return; fi
+  timeout "$(limit 400)" "$PY" scripts/cold_start.py --device "$DEVICE" --paths "${COLD_PATHS:-cudagraphs,default}" \
+    --cpus "0,1" --json "$OUT/cold_start.json" 2>&1 | tee "$OUT/cold_start.txt" || status=$?
+}
+
+notebooks() {  # the notebooks on CUDA, quick, in a scratch folder, then one archive (the committed notebooks stay as they are)
+  if ! "$PY" -c "import nbclient, ipykernel, ipywidgets" 2>/dev/null; then
+    echo "no Jupyter stack here: run 'bash scripts/gpu_wheels.sh' where pip works, and carry .whl" | tee "$OUT/notebooks.txt" >&2
+    status=2; return
+  fi
   # JOBS notebooks side by side (default 4: the machine has 16 CPUs; on a GPU each notebook compiles its models,
-  # CPU work, part of which the later notebooks read back from inductor's disk cache). DEADLINE bounds the run
-  # inside the device tool's 600 s: what is unfinished then is a row of the table, not a lost table (the outer
-  # timeout is only a backstop for a hang the deadline cannot stop, such as a kernel that never starts).
-  # `|| status=$?`: a failed notebook must still leave its table and its archive in $OUT
-  status=0
-  DEADLINE="${DEADLINE:-540}"
-  mkdir -p /tmp/executed
-  timeout "$((DEADLINE + 30))" python scripts/execute_notebooks.py --scratch --quick --jobs "${JOBS:-4}" \
-    --deadline "$DEADLINE" --out /tmp/executed "${@:2}" 2>&1 | tee "$OUT/notebooks.txt" || status=$?
+  # CPU work, part of which the later notebooks read back from inductor's disk cache). DEADLINE (default: what is left
+  # of BUDGET, less 40 s for the archive and the kernels' shutdown) bounds the run: what is unfinished then is a row of
+  # the table, not a lost table. The outer timeout is only a backstop for a hang the deadline cannot stop.
+  local deadline="${DEADLINE:-$(( $(left) - 40 ))}"
+  rm -rf /tmp/executed && mkdir -p /tmp/executed  # only this call's copies go into the archive
+  timeout "$(( deadline + 20 ))" "$PY" scripts/execute_notebooks.py --scratch --quick --jobs "${JOBS:-4}" \
+    --deadline "$deadline" --out /tmp/executed "$@" 2>&1 | tee "$OUT/notebooks.txt" || status=$?
+  pkill -f ipykernel_launcher 2>/dev/null || true  # kernels run in sessions of their own: a backstop kill leaves them
   tar -czf "$OUT/notebooks.tgz" -C /tmp executed
-  exit "$status"
-  ;;
+}
+
+case "$STAGE" in
+all)
+  dtype_rule; compile_failure; notebooks "${@:2}"; fp16_report ;;
+smoke)
+  # Every step runs even if one before it failed (`|| status=$?`); the exit status says whether all passed.
+  # DEVICE=cpu COLD_PATHS=default rehearses the plumbing on a CPU (CUDA graphs exist on CUDA only).
+  dtype_rule; compile_failure; fp16_report; cold_start ;;
+notebooks)
+  notebooks "${@:2}" ;;
 7b)
   # issue 24's 7b goals: the head sharpened (--head-scale 20, the default) and 3 interleaved repeats, α(run) beside
   # each prediction, then the compiled peers (HF's static-cache compiled generate, and its assisted generation).
   # The JSON is rewritten after every section, so a timeout keeps what was measured. SIZE=tiny rehearses it on a CPU.
-  timeout 590 python scripts/gpu_check.py --size "${SIZE:-7b}" --compile --quick --repeats 3 --json "$OUT/gpu_check_7b.json" \
-    2>&1 | tee "$OUT/gpu_check_7b.txt"
+  timeout "$(limit 590)" "$PY" scripts/gpu_check.py --size "${SIZE:-7b}" --compile --quick --repeats 3 \
+    --json "$OUT/gpu_check_7b.json" 2>&1 | tee "$OUT/gpu_check_7b.txt" || status=$?
   ;;
-*)
-  echo "usage: $0 smoke|notebooks|7b" >&2; exit 2 ;;
 esac
+echo "stage $STAGE: exit $status after $SECONDS s of BUDGET $BUDGET" | tee -a "$OUT/provenance.txt"
+exit "$status"

@@ -25,6 +25,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PY:-3.12}"
 WHEELS="${WHEELS:-.whl}"
+if [[ "$WHEELS" == ".whl" && "$PY" != "3.12" ]]; then  # .whl/ is what travels, and gpu_course_checks.sh installs it
+  echo "PY=$PY: .whl/ travels to the GPU machine, whose Python is 3.12; for a rehearsal give WHEELS=/tmp/whl" >&2
+  exit 2
+fi
 PACKAGES=(nbclient nbformat ipykernel ipywidgets)
 ON_THE_IMAGE=(attrs packaging psutil pygments python_dateutil typing_extensions tzdata)
 NOT_NEEDED=(widgetsnbextension jupyterlab_widgets debugpy jedi parso)

@@ -72,9 +72,10 @@ MEASURED = re.compile(
     re.IGNORECASE,
 )
 """What makes a sentence speak of a measurement: a word pointing at a run or an output, a measured quantity
-(a ratio ×, milliseconds, a percentage), or a comparison with the target or the draft (``faster than the target``:
-what the notebooks measure, and what a review found written without a check). A comparison in a sentence without any of them is taken as conceptual
-(a property of the formula or the algorithm, true whatever a run measures) and not flagged."""
+(a ratio ×, milliseconds, a percentage), or a comparison with the target or the draft ("faster than the
+target": what the notebooks measure, and what a review found written without a check). A comparison in a
+sentence without any of them is taken as conceptual (a property of the formula or the algorithm, true whatever a
+run measures) and not flagged."""
 
 
 def _plain(markdown: str) -> str:

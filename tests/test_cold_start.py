@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "cold_start.py"
 
 
@@ -31,3 +33,25 @@ def test_two_cpus_are_labelled_a_colab_proxy_and_an_unknown_path_is_an_error():
     assert "proxy for Colab's 2 vCPUs" in cold_start.format_row(row) and "FAILED: boom" in cold_start.format_row(row)
     done = subprocess.run([sys.executable, str(SCRIPT), "--paths", "fast"], capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and "unknown path 'fast'" in done.stderr
+
+
+def test_a_run_cut_by_its_time_limit_keeps_the_rows_it_measured(tmp_path, monkeypatch):
+    """The GPU stage runs the script under `timeout`: the JSON (with its date and command) is on disk before the first
+    process and rewritten after every row, so a cut run keeps what it measured (it was written only at the end)."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    import cold_start
+
+    out, calls = tmp_path / "cold.json", []
+
+    def one_row_then_cut(args, path, cpus, cache_dir):
+        if calls:
+            raise TimeoutError("the stage's time limit")
+        calls.append(path)
+        parts = ("import", "build", "compile", "first_token", "total")
+        return {"path": path, "compiled": False, "seconds": dict.fromkeys(parts, 1.0)}
+
+    monkeypatch.setattr(cold_start, "run_child", one_row_then_cut)
+    with pytest.raises(TimeoutError):
+        cold_start.main(["--paths", "eager", "--cpus", "all", "--json", str(out)])
+    saved = json.loads(out.read_text())
+    assert [r["cache"] for r in saved["rows"]] == ["cold"] and "--json" in saved["command"] and saved["date"]

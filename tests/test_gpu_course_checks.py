@@ -1,0 +1,39 @@
+"""scripts/gpu_course_checks.sh, the one prepared command a lent GPU runs: it must say how to use it before doing any
+work, write its provenance first, and keep every step inside the time it was given (rehearsed here on the CPU)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "gpu_course_checks.sh"
+
+
+def run(*args, **env):
+    return subprocess.run(["bash", str(SCRIPT), *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHON": sys.executable, **env})
+
+
+def test_no_stage_or_a_wrong_one_prints_the_usage_and_does_no_work(tmp_path):
+    """A mistyped stage on the GPU costs a machine start: it ran smoke with no argument, and printed its usage only
+    after installing the wheels and importing torch."""
+    for args in ((), ("smok",)):
+        done = run(*args, OUT=str(tmp_path / "out"))
+        assert done.returncode == 2 and "bash scripts/gpu_course_checks.sh all" in done.stderr
+        assert "give all, smoke, notebooks or 7b" in done.stderr and not (tmp_path / "out").exists()
+    done = run("--help", OUT=str(tmp_path / "out"))
+    assert done.returncode == 0 and "BUDGET" in done.stdout and not (tmp_path / "out").exists()
+
+
+def test_a_stage_writes_its_provenance_and_skips_what_its_budget_cannot_hold(tmp_path):
+    """BUDGET=25 on a CPU: the dtype rule and the forced compile failure run (seconds); the fp16 report and the cold
+    start do not fit, and say so in their files; the provenance names the date, the command and the settings."""
+    out = tmp_path / "out"
+    done = run("smoke", OUT=str(out), DEVICE="cpu", BUDGET="25", GIT_COMMIT="abc1234")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    provenance = (out / "provenance.txt").read_text()
+    for line in ("date: 20", "command: ", "commit: abc1234", "BUDGET=25", "SPECDEC_EDU_RANDOM_TARGET=1", "stage smoke: exit 0"):
+        assert line in provenance, line
+    assert "same tokens as eager: True" in (out / "compile_failure.txt").read_text()
+    assert "skipped" in (out / "gpu_report_fp16.txt").read_text() and "skipped" in (out / "cold_start.txt").read_text()
