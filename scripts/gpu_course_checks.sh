@@ -116,9 +116,13 @@ notebooks() {  # the notebooks on CUDA, quick, in a scratch folder, then one arc
   # the table, not a lost table. The outer timeout is only a backstop for a hang the deadline cannot stop.
   local deadline="${DEADLINE:-$(( $(left) - 40 ))}"
   rm -rf /tmp/executed && mkdir -p /tmp/executed  # only this call's copies go into the archive
+  local rc=0
   timeout "$(( deadline + 20 ))" "$PY" scripts/execute_notebooks.py --scratch --quick --jobs "${JOBS:-4}" \
-    --deadline "$deadline" --out /tmp/executed "$@" 2>&1 | tee "$OUT/notebooks.txt" || status=$?
-  pkill -f ipykernel_launcher 2>/dev/null || true  # kernels run in sessions of their own: a backstop kill leaves them
+    --deadline "$deadline" --out /tmp/executed "$@" 2>&1 | tee "$OUT/notebooks.txt" || rc=$?
+  if (( rc == 124 )); then  # the backstop fired: the kernels run in sessions of their own and would outlive it
+    pkill -f ipykernel_launcher 2>/dev/null || true
+  fi
+  (( rc == 0 )) || status=$rc
   tar -czf "$OUT/notebooks.tgz" -C /tmp executed
 }
 
