@@ -342,6 +342,9 @@ def parse_args(argv):
     parser.add_argument("--bandwidth-mib", type=int, default=None,
                         help="buffer of the read-bandwidth sum (default 1024; 64 on CPU)")
     parser.add_argument("--compile", action="store_true", help="add the compiled rows (draft, then draft + target)")
+    parser.add_argument("--goals", action="store_true",
+                        help="with --compile: issue 24's goals only, the compiled draft + target rows and the compiled peers "
+                        "(no eager or compiled-draft decoding section, no eager HF comparison: what a 7b lease has time for)")
     parser.add_argument("--compile-backend", default="inductor", help="torch.compile backend (aot_eager: the CPU test)")
     parser.add_argument("--compile-mode", default=None,
                         help="torch.compile mode (default: reduce-overhead, i.e. CUDA graphs, with inductor on CUDA)")
@@ -350,6 +353,8 @@ def parse_args(argv):
     args.max_new_tokens = args.max_new_tokens or (48 if args.quick else 96)
     args.repeats = args.repeats or (1 if args.quick else 3)
     device = torch.device(args.device)
+    if args.goals and not args.compile:
+        parser.error("--goals measures the compiled rows: add --compile")
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda but torch sees no GPU; use --device cpu (with --size tiny)")
     if args.compile_mode is None and args.compile_backend == "inductor" and device.type == "cuda":
@@ -407,7 +412,7 @@ def main(argv=None) -> dict:
               + f" · verify cost {out['verify_cost_eager']:.2f}")
     save(out, args.json)
 
-    modes = list(MODES if args.compile else MODES[:1])
+    modes = [MODES[-1]] if args.goals else list(MODES if args.compile else MODES[:1])
     compiled = {}  # label -> its compiled ModelDrafter, made (and so compiled) in the first compiled section
     out["compile"] = {"options": args.compile_options if args.compile else None, "modes": modes}
     out["target_only"], out["speculative"] = [], []
@@ -427,17 +432,19 @@ def main(argv=None) -> dict:
         save(out, args.json)
 
     main_draft = next(iter(drafts.values()))
-    with section(f"{4 + len(modes)}. same random draft, eager: ours vs HF generate(assistant_model=draft)", seconds):
-        hf = out["same_draft"] = hf_comparison(check, main_draft, g, min(check.n_new, 16 if args.quick else 32))
-        print(f"   α = {hf['alpha']}, γ = {g}: target-only {hf['target_only_tok_s']:.1f} tok/s · ours "
-              f"{hf['speculative_tok_s']:.1f} · HF assisted {hf['hf_assisted_tok_s']:.1f} → ours / HF = "
-              f"{hf['ours_over_hf']:.2f}× (same tokens: {hf['identical_to_hf']})\n   vs target-only: ours "
-              f"{describe(hf['divergence'])} · HF {describe(hf['hf_divergence'])}")
-    save(out, args.json)
+    if not args.goals:  # --goals: the peers below compare the compiled paths; this eager comparison is an extra
+        with section(f"{4 + len(modes)}. same random draft, eager: ours vs HF generate(assistant_model=draft)", seconds):
+            hf = out["same_draft"] = hf_comparison(check, main_draft, g, min(check.n_new, 16 if args.quick else 32))
+            print(f"   α = {hf['alpha']}, γ = {g}: target-only {hf['target_only_tok_s']:.1f} tok/s · ours "
+                  f"{hf['speculative_tok_s']:.1f} · HF assisted {hf['hf_assisted_tok_s']:.1f} → ours / HF = "
+                  f"{hf['ours_over_hf']:.2f}× (same tokens: {hf['identical_to_hf']})\n   vs target-only: ours "
+                  f"{describe(hf['divergence'])} · HF {describe(hf['hf_divergence'])}")
+        save(out, args.json)
 
     if args.compile:  # last: at 7b shapes it compiles the target once more (HF's own compiled forward)
         n_peer = min(check.n_new, 16 if args.quick else 32)
-        title = f"{5 + len(modes)}. the peers, compiled: HF generate (static cache, compiled forward) and assisted, vs ours"
+        title = (f"{5 + len(modes) - args.goals}. the peers, compiled: HF generate (static cache, compiled forward) "
+                 "and assisted, vs ours")
         with section(title, seconds):
             main_label = next(iter(drafts))
             peers = out["peers"] = hf_peers(check, compiled[main_label], drafts[main_label], g, n_peer, args.compile_options)

@@ -206,3 +206,16 @@ def test_a_compiler_failure_runs_the_drafts_eager_and_the_dtype_follows_the_cour
     saved = json.loads(path.read_text())
     assert saved["dtype"] == "float16" and saved["compile"]["drafts_compiled"] == {"1x32": False, "3x32": False}
     assert len(saved["target_only"]) == len(gpu_check.MODES)  # every decoding section ran to its end
+
+
+def test_goals_runs_only_the_compiled_rows_and_the_peers(gpu_check, tmp_path):
+    """--goals (the 7b lease: its compiled section did not finish in run 4 after the eager ones): one decoding section,
+    compiled draft + target, then the compiled peers, and no eager HF comparison; without --compile it is refused."""
+    out = gpu_check.main(TINY + ["--quick", "--compile", "--compile-backend", "aot_eager", "--goals",
+                                 "--json", str(tmp_path / "g.json")])
+    assert [r["mode"] for r in out["target_only"]] == ["compiled draft + target"] == out["compile"]["modes"]
+    assert {r["mode"] for r in out["speculative"]} == {"compiled draft + target"}
+    assert "same_draft" not in out and out["peers"]["tok_s"]
+    assert all(r["identical_to_target"] for r in out["speculative"])
+    with pytest.raises(SystemExit):
+        gpu_check.main(TINY + ["--goals"])
