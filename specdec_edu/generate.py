@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import warnings
+import weakref
 from typing import NamedTuple
 
 import torch
@@ -77,20 +78,28 @@ def as_drafter(draft, target, compile: bool = False, compile_options: dict | Non
     if not isinstance(draft, torch.nn.Module):
         if not hasattr(draft, "propose"):
             raise TypeError(f"draft must be a Hugging Face causal LM or a drafter with .propose(), got {type(draft).__name__}")
+        if isinstance(draft, ModelDrafter):  # its head too (a batch would index the target with the extra ids)
+            check_draft_head(draft.head_size or head_rows(draft.model), target)
         return draft
-    # Compare what the heads can produce, not config.vocab_size: a draft whose head is
-    # padded to fewer rows than the target's is fine (q = 0 on the target's extra ids).
-    if head_rows(draft) > head_rows(target):
-        raise ValueError(
-            f"vocabulary mismatch: the draft's head produces {head_rows(draft)} token ids but the target's only "
-            f"{head_rows(target)}. Draft and target must share a tokenizer: pick a draft from the target's model "
-            "family (e.g. SmolLM2-135M for SmolLM2-1.7B), or use PromptLookupDrafter(). If the extra rows are only "
-            f"padding, cap the draft's head: ModelDrafter(draft, head_size={head_rows(target)})."
-        )
+    check_draft_head(head_rows(draft), target)
     if compile:
         return compiled_or_eager(lambda: ModelDrafter(draft, max_cache_len=positions, compile=True,
                                                       compile_options=compile_options), lambda: ModelDrafter(draft), "draft")
     return ModelDrafter(draft)
+
+
+def check_draft_head(rows: int, target) -> None:
+    """Refuse a draft model whose head produces more token ids (``rows``) than the target's head.
+
+    Compare what the heads can produce, not config.vocab_size: a draft whose head is padded to fewer rows
+    than the target's is fine (q = 0 on the target's extra ids)."""
+    if rows > head_rows(target):
+        raise ValueError(
+            f"vocabulary mismatch: the draft's head produces {rows} token ids but the target's only "
+            f"{head_rows(target)}. Draft and target must share a tokenizer: pick a draft from the target's model "
+            "family (e.g. SmolLM2-135M for SmolLM2-1.7B), or use PromptLookupDrafter(). If the extra rows are only "
+            f"padding, cap the draft's head: ModelDrafter(draft, head_size={head_rows(target)})."
+        )
 
 
 def compiled_or_eager(make_compiled, make_eager, role: str):
@@ -176,6 +185,31 @@ def target_logits_and_features(target, ids, cache, with_features: bool, logits_t
     return target.get_output_embeddings()(hidden[-logits_to_keep:]), hidden
 
 
+_HEAD_GIVES_LOGITS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # models already checked (a memo)
+
+
+@torch.no_grad()
+def check_head_gives_the_logits(target) -> None:
+    """Raise ``ValueError`` unless ``lm_head(last hidden state)`` is the target's own logits.
+
+    A drafter that reads the target's features makes the loop run the decoder and ``lm_head`` apart
+    (``target_logits_and_features``), so p is computed from the head's output. Some models transform their logits
+    after the head (Gemma 2 and 3 soft-cap them, Granite and Cohere scale them): there that p is not the target's,
+    and sampled output would not follow the target (greedy would, as those transforms keep the argmax). One short
+    forward per model compares the two, whatever the model family.
+    """
+    if target in _HEAD_GIVES_LOGITS:
+        return
+    ids = torch.arange(1, 5, device=target.device)[None] % head_rows(target)  # [1, 4]: any tokens will do
+    own = target(input_ids=ids).logits[0, -1].float()
+    via_head = target.get_output_embeddings()(target.get_decoder()(input_ids=ids).last_hidden_state[0, -1]).float()
+    if not torch.allclose(own, via_head, rtol=1e-2, atol=1e-2 * float(own.abs().max())):
+        raise ValueError(f"{type(target).__name__} changes its logits after lm_head (e.g. soft-capping or scaling), so a "
+                         "drafter that reads its features would get the wrong p and sampled output would not follow the "
+                         "target: use a draft model or PromptLookupDrafter with this target.")
+    _HEAD_GIVES_LOGITS[target] = True
+
+
 def target_cache(target, compile: bool, compile_options: dict | None, positions: int):
     """An empty KV cache for the target, with room for ``positions``: a ``DynamicCache`` (eager), or the
     target's shared compiled static cache (``kv.shared_static_cache``: every compiled generation reuses
@@ -228,6 +262,8 @@ class OnePrompt:
         # A drafter with observe(features) is shown the target's hidden state at every position the
         # target's cache keeps: the prompt (prefill), then [newest] + accepted drafts after each round.
         self.with_features = wants_features(drafter)
+        if self.with_features:
+            check_head_gives_the_logits(target)
         self.cache = cache  # empty: from target_cache
         self.prompt, self.context, self.newest = prompt, prompt.cpu(), prompt[-1:]  # context: on the host
 

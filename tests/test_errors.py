@@ -20,6 +20,16 @@ def test_vocabulary_mismatch(target):
     other = tiny_llama(seed=3, vocab_size=100)
     with pytest.raises(ValueError, match="share a tokenizer"):
         spec(target, other)
+    # The same draft wrapped in a ModelDrafter, one prompt and a batch: the batch padded q by a negative width
+    # (cropping it) and fed ids past the target's vocabulary to the target (a raw IndexError here; on CUDA a
+    # device-side assert that poisons the process).
+    from specdec_edu import ModelDrafter
+
+    batch, mask = torch.tensor([[1, 2, 3], [4, 5, 6]]), torch.ones(2, 3, dtype=torch.long)
+    for ids, kw in ((IDS, {}), (batch, {"attention_mask": mask})):
+        with pytest.raises(ValueError, match="vocabulary mismatch.*share a tokenizer"):
+            spec(target, ModelDrafter(other), ids, **kw)
+    spec(target, ModelDrafter(other, head_size=64), batch, attention_mask=mask)  # a head capped to the target's: fine
 
 
 @pytest.mark.parametrize(

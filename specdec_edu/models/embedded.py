@@ -185,8 +185,9 @@ def random_embedded_target(seed: int = 0):
                          num_attention_heads=9, num_key_value_heads=3, head_dim=64, max_position_embeddings=8192,
                          rms_norm_eps=1e-5, rope_parameters={"rope_theta": 100000.0, "rope_type": "default"},
                          tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2)
-    torch.manual_seed(seed)
-    return LlamaForCausalLM(config)
+    with torch.random.fork_rng(devices=[]):  # seeded, without reseeding the caller's CPU or GPU generators
+        torch.random.default_generator.manual_seed(seed)
+        return LlamaForCausalLM(config)
 
 
 def load_embedded_tokenizer():

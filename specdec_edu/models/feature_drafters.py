@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import warnings
 from pathlib import Path
 
@@ -102,8 +103,9 @@ def fingerprint_mismatch(trained_on: dict, target: dict) -> str | None:
 def wrong_target_error(drafter: str, mismatch: str, trained_on: dict) -> ValueError:
     """The error for a drafter given a target it was not trained on, naming the two ways out."""
     return ValueError(f"{drafter} does not fit this target: {mismatch}. Use it with the target it was trained on "
-                      f"({trained_on.get('model_type')}, hidden size {trained_on.get('hidden_size')}), "
-                      f"or train one on this target:  {TRAIN_COMMAND}")
+                      f"({trained_on.get('model_type')}, hidden size {trained_on.get('hidden_size')}). "
+                      f"{TRAIN_COMMAND} trains drafters for the embedded target only; with another target, draft with "
+                      "its own small draft model or PromptLookupDrafter().")
 
 
 class FeatureDrafter:
@@ -191,13 +193,18 @@ class FeatureDrafter:
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         state = {name: w.detach().to("cpu", dtype).contiguous() for name, w in self.net.state_dict().items()}
-        save_file(state, path / "model.safetensors")
         config = {
             "kind": self.kind,
             "args": self.init_args(),
             "target": self.trained_on,  # the fingerprint load() checks the target against
         }
-        (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        # Both files are written in full under temporary names first, then moved into place: an interrupted save
+        # (training overwrites assets/) must not leave new weights beside an old config that loads without error.
+        weights, config_file = path / ".model.safetensors.tmp", path / ".config.json.tmp"
+        save_file(state, weights)
+        config_file.write_text(json.dumps(config, indent=2) + "\n")
+        os.replace(weights, path / "model.safetensors")
+        os.replace(config_file, path / "config.json")
 
     @classmethod
     def load(cls, path, target: nn.Module):
@@ -215,17 +222,20 @@ class FeatureDrafter:
         if kind != cls.kind:
             raise ValueError(f"{path} holds a {kind!r} drafter, not a {cls.kind!r} one: "
                              f"load it with load_drafter({kind!r}, target, path).")
-        drafter = cls(target, **config["args"])
-        mismatch = fingerprint_mismatch(config["target"], drafter.trained_on)
-        if mismatch is not None:  # before loading the weights: another width would fail there with a raw shape error
+        # Compared before the drafter is built: another width would fail there (or in the weights) with an error
+        # about an argument the caller never passed.
+        fingerprint = target_fingerprint(target)
+        mismatch = fingerprint_mismatch(config["target"], fingerprint)
+        if mismatch is not None:
             shape_only = {key: value for key, value in config["target"].items() if key != "weights"}
-            if not (random_target() and fingerprint_mismatch(shape_only, drafter.trained_on) is None):
+            if not (random_target() and fingerprint_mismatch(shape_only, fingerprint) is None):
                 raise wrong_target_error(f"the {kind} drafter in {path}", mismatch, config["target"])
             # A GPU check without the real target's weights (they cannot travel there) still runs this drafter's
             # code: the same shapes, noise for drafts, and an output that stays exactly the target's.
             warnings.warn(f"the {kind} drafter in {path} was trained on another target, and loads anyway: "
                           "SPECDEC_EDU_RANDOM_TARGET=1 gave this target random weights, so its drafts are noise.",
                           stacklevel=2)
+        drafter = cls(target, **config["args"])
         state = load_file(path / "model.safetensors")
         drafter.net.load_state_dict({name: w.to(target.device, target.dtype) for name, w in state.items()})
         return drafter
@@ -384,9 +394,9 @@ class EagleDrafter(FeatureDrafter):
 
     def __init__(self, target: nn.Module, draft_vocab_size: int | None = None, seed: int = 0):
         weight = target.get_output_embeddings().weight
-        with torch.random.fork_rng(devices=[]):  # seeded init without touching the global RNG
-            torch.manual_seed(seed)
-            self.net = EagleNet(target).to(weight.device, weight.dtype).eval()
+        with torch.random.fork_rng(devices=[]):  # seeded init without touching the global RNG: built on the CPU, whose
+            torch.random.default_generator.manual_seed(seed)  # generator alone is saved and restored (torch.manual_seed
+            self.net = EagleNet(target).to(weight.device, weight.dtype).eval()  # would also reseed every GPU's, for good)
         super().__init__(target, draft_vocab_size)  # calls reset(), which needs self.net
 
     def reset(self) -> None:
