@@ -204,6 +204,7 @@ def test_on_an_asynchronous_device_c_and_the_verify_cost_come_from_a_profiled_ru
     assert demo.make_drafter("model", draft, target) is draft
 
 
+@pytest.mark.embedded
 def test_a_missing_draft_model_names_the_drafters_that_still_run(monkeypatch, capsys):
     """With the draft model missing, the demo carries on and names what runs (it said "prompt lookup only" while
     the suffix drafter ran too); a device torch cannot use here is refused with the fix."""
