@@ -150,4 +150,6 @@ def test_residual_explorer_shows_no_residual_when_q_equals_p():
     np.testing.assert_allclose(ex.state["output"], ex.state["p"], atol=1e-12)
     summary = ex.ui.children[-2].value  # the one-line HTML above the figure
     assert "residual: none (q = p" in summary, summary
-    ex.figure()
+    import matplotlib.pyplot as plt
+
+    plt.close(ex.figure())  # it draws, and the figure is not kept open
