@@ -64,7 +64,7 @@ from specdec_edu.course.experiments import ReplayDrafter, interleaved_benchmark,
 from specdec_edu.course.measure import forward_seconds, latency_curve, parameter_bytes  # noqa: E402
 from specdec_edu.drafters import ModelDrafter  # noqa: E402
 from specdec_edu.generate import compiled_or_eager  # noqa: E402
-from specdec_edu.models.devices import default_dtype  # noqa: E402
+from specdec_edu.models.devices import default_dtype, requested_device  # noqa: E402
 
 # name: (hidden, layers, intermediate, heads, kv heads). Vocabulary (and whether the LM head is the
 # embedding matrix, "tied") shared by target and drafts; "draft" is the main draft, "extra_drafts" more.
@@ -355,8 +355,10 @@ def parse_args(argv):
     device = torch.device(args.device)
     if args.goals and not args.compile:
         parser.error("--goals measures the compiled rows: add --compile")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda but torch sees no GPU; use --device cpu (with --size tiny)")
+    try:
+        requested_device(args.device)  # the commands' one check of a device torch cannot use here
+    except ValueError as exc:
+        parser.error(f"{exc} (with --size tiny)")
     if args.compile_mode is None and args.compile_backend == "inductor" and device.type == "cuda":
         args.compile_mode = "reduce-overhead"
     args.compile_options = {"backend": args.compile_backend, **({"mode": args.compile_mode} if args.compile_mode else {})}
