@@ -142,6 +142,9 @@ def test_widgets_without_ipywidgets_say_how_to_install_it(monkeypatch):
 def test_residual_explorer_shows_no_residual_when_q_equals_p():
     """q = p (notebook 04 asks the learner to try it): nothing is rejected, and no residual exists. The widget drew
     residual_distribution's fallback, p itself, as red "residual" bars and printed it as the residual."""
+    import matplotlib.pyplot as plt
+
+    plt.close("all")  # each redraw draws a figure: the earlier tests' must not pile up past matplotlib's warning
     ex = residual_explorer(samples=100)
     for t in ("everyday", "today", "tomorrow"):
         ex.controls[f"q[{t}]"].value = ex.controls[f"p[{t}]"].value
@@ -150,6 +153,5 @@ def test_residual_explorer_shows_no_residual_when_q_equals_p():
     np.testing.assert_allclose(ex.state["output"], ex.state["p"], atol=1e-12)
     summary = ex.ui.children[-2].value  # the one-line HTML above the figure
     assert "residual: none (q = p" in summary, summary
-    import matplotlib.pyplot as plt
-
-    plt.close(ex.figure())  # it draws, and the figure is not kept open
+    ex.figure()
+    plt.close("all")
