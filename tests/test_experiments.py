@@ -121,6 +121,15 @@ def test_dynamic_gamma_grows_on_full_acceptance_and_stays_exact(target, draft):
     assert poor.history[0] == 5
 
 
+def test_dynamic_gamma_history_is_the_gamma_asked_not_the_drafts_found(target):
+    """A drafter that finds nothing (prompt lookup without a match) leaves γ as it was: the history shows that γ."""
+    ref = greedy_reference(target, n=8)
+    nothing = DynamicGammaDrafter(ReplayDrafter(ref, 0.0, target.config.vocab_size), start=3)
+    out = speculative_generate(target, nothing, torch.tensor([[2, 2, 2, 2, 2, 2]]), max_new_tokens=12, gamma=8)
+    assert out.stats.drafted == 0 and out.stats.rounds == 12  # off the reference: every round drafted nothing
+    assert nothing.history[:9] == [3] * 9  # the last rounds' γ is cut by the room left (3, 2, 1, then none asked)
+
+
 def test_early_exit_model_shares_weights_and_matches_full_depth(target):
     n = target.config.num_hidden_layers
     full = early_exit_model(target, n)

@@ -187,7 +187,9 @@ class DynamicGammaDrafter:
     round's outcome from the next context: the drafts it proposed are all there
     exactly when the round accepted all of them.
 
-    ``history`` lists the γ proposed in each round of the current generation.
+    ``history`` lists the γ asked of the wrapped drafter in each round of the current
+    generation: the rule's state. A drafter may return fewer tokens (prompt lookup
+    without a match returns none); what was drafted is in ``stats.drafted_per_round``.
     """
 
     def __init__(self, drafter, start: int = 5, grow: int = 2, shrink: int = 1, min_gamma: int = 1):
@@ -221,7 +223,7 @@ class DynamicGammaDrafter:
         self._update(context)
         g = max(1, min(self.gamma, gamma))
         tokens, q = self.drafter.propose(context, g, to_probs, generator)
-        self.history.append(len(tokens))
+        self.history.append(g)  # the γ the rule chose, whatever the drafter could find
         self._last_context, self._last_drafts = context.clone(), tokens.clone()
         return tokens, q
 
