@@ -269,13 +269,7 @@ class ModelDrafter:
             return no_drafts(self.head_size or self.vocab_size, self.model.device)
         # 1. Roll the cache back to what still matches the context (rejected drafts go).
         keep = self.reusable_prefix(context)
-        unreadable = context[keep:] >= self.model.get_input_embeddings().num_embeddings  # host tensors: no sync
-        if unreadable.any():
-            raise ValueError(
-                f"the context holds token id {int(context[keep:][unreadable][0])}, which the draft model cannot read "
-                f"(its embedding has {self.model.get_input_embeddings().num_embeddings} rows): the target produced an id "
-                "outside the draft's vocabulary. Use a draft with the target's tokenizer, or PromptLookupDrafter()."
-            )
+        check_draft_can_read(self.model, context[keep:])
         kv.crop(self.cache, self.n_cached - keep)
         self.n_cached = keep
         logits = self.next_logits(context[keep:])
@@ -284,6 +278,18 @@ class ModelDrafter:
         tokens, q = draft_loop(logits, gamma, to_probs, generator, self.next_logits)
         self.last_context, self.n_draft_cached = context, gamma - 1
         return tokens, q
+
+
+def check_draft_can_read(model: torch.nn.Module, tokens: torch.Tensor) -> None:
+    """Refuse host ``tokens`` ``[n]`` the draft ``model``'s embedding has no row for (host tensors: no sync)."""
+    rows = model.get_input_embeddings().num_embeddings
+    unreadable = tokens >= rows
+    if unreadable.any():
+        raise ValueError(
+            f"the context holds token id {int(tokens[unreadable][0])}, which the draft model cannot read "
+            f"(its embedding has {rows} rows): the target produced an id outside the draft's vocabulary. "
+            "Use a draft with the target's tokenizer, or PromptLookupDrafter()."
+        )
 
 
 def to_device(tokens: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -1,6 +1,8 @@
 """The drafter protocol (specdec_edu.drafters): the one drafting loop, the optional hooks, the draft
 model's own position limit, and the draft model's cache behind prompt lookup."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from conftest import tiny_llama
@@ -9,6 +11,7 @@ from test_feature_drafters import forced_onto
 from specdec_edu import LookupThenDrafter, ModelDrafter, PromptLookupDrafter, speculative_generate
 from specdec_edu.drafters import check_drafter_target, draft_loop, reset_drafter, wants_features
 from specdec_edu.sampling import sample
+from specdec_edu.verify import accept_and_resample, verify_drafts
 
 # ---- draft_loop: sample, feed back unless last ----------------------------------------------------
 
@@ -48,10 +51,19 @@ def test_draft_loop_batch_drafts_each_row_from_its_own_q():
 
 
 def test_draft_loop_refuses_a_generator_on_another_device():
-    if not torch.cuda.is_available():
-        pytest.skip("needs a second device type")
-    with pytest.raises(ValueError, match="torch.Generator"):
-        draft_loop(torch.zeros(V), 2, lambda x: x.softmax(-1), torch.Generator("cuda"), chain_feed([]))
+    """A CUDA generator for CPU tensors (faked: CI has no GPU to make a real one) is refused, naming the fix."""
+    cuda_generator = SimpleNamespace(device=torch.device("cuda"))
+    with pytest.raises(ValueError, match=r"torch.Generator\(device='cpu'\)"):
+        draft_loop(torch.zeros(V), 2, lambda x: x.softmax(-1), cuda_generator, chain_feed([]))
+
+
+def test_the_rule_refuses_a_generator_on_another_device():
+    """verify_drafts and accept_and_resample, called directly as the notebooks do, check the generator too."""
+    p, q, drafts = torch.full((3, V), 1.0 / V), torch.full((2, V), 1.0 / V), torch.tensor([1, 2])
+    cuda_generator = SimpleNamespace(device=torch.device("cuda"))
+    for rule in (verify_drafts, accept_and_resample):
+        with pytest.raises(ValueError, match=r"torch.Generator\(device='cpu'\)"):
+            rule(p, q, drafts, cuda_generator)
 
 
 # ---- the optional hooks -------------------------------------------------------------------------

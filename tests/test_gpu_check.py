@@ -8,6 +8,7 @@ prediction, fraction reached) follows from the tokens the run counted and the ti
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -140,10 +141,12 @@ def test_sharpen_scales_embedding_and_head_once(gpu_check):
         assert torch.equal(model.lm_head.weight, 20 * head)  # tied: one tensor, scaled once (not 400×)
 
 
-def test_cuda_without_a_gpu_is_a_clear_error(gpu_check, monkeypatch):
+def test_cuda_without_a_gpu_is_a_clear_error(gpu_check, monkeypatch, capsys):
     monkeypatch.setattr(gpu_check.torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit):
         gpu_check.main(["--size", "tiny", "--device", "cuda"])
+    assert re.search(r"--device cuda: torch .* sees no CUDA device here; leave --device out .*\(with --size tiny\)",
+                     capsys.readouterr().err)
 
 
 def test_a_run_cut_off_keeps_what_it_measured(gpu_check, tmp_path, monkeypatch):

@@ -129,14 +129,16 @@ def test_read_bandwidth_is_bytes_read_once_over_the_median_time(monkeypatch):
 # --- VerifyCost: the verify-cost curve, calibrated between the runs ---------------------------------------------
 
 class FakeMachine:
-    """A forward that logs its n and advances a fake clock by n × the machine's current speed (no real time)."""
+    """A forward that logs its n and advances a fake clock by n × the machine's current speed (no real time);
+    after each forward the speed changes by ``drift``."""
 
     def __init__(self):
-        self.now, self.speed, self.log = 0.0, 1.0, []
+        self.now, self.speed, self.drift, self.log = 0.0, 1.0, 0.0, []
 
     def forward(self, n):
         self.log.append(n)
         self.now += n * self.speed
+        self.speed += self.drift
 
     def clock(self):
         return self.now
@@ -155,18 +157,30 @@ def test_verify_cost_sweeps_time_t1_around_every_sweep_and_warm_up_first():
 
 
 def test_verify_cost_ratios_survive_a_machine_that_changes_speed_between_sweeps():
-    """Negative control included: dividing a later t(n) by an earlier t(1), as a curve timed before the runs does,
-    inflates the ratio by the change of speed; a sweep's own t(1) does not."""
+    """Each sweep divides by its own t(1): a later t(n) over an earlier t(1), as a curve timed before the runs
+    divides, would be inflated by the change of speed (here 4 × 1.5 / 1 = 6 for n = 4)."""
     from specdec_edu.course.measure import VerifyCost
 
     machine = FakeMachine()
     cost = VerifyCost.from_forward(machine.forward, range(1, 5), timer=machine.clock)
-    for speed in (1.0, 1.5, 0.7, 9.0):  # the last sweep hit by a stall: the median ignores it
+    for speed in (1.0, 1.5, 0.7, 9.0):
         machine.speed = speed
         cost.sweep()
+    assert all(sweep == pytest.approx({1: 1.0, 2: 2.0, 3: 3.0, 4: 4.0}) for sweep in cost.sweeps)
     assert cost.ratios() == pytest.approx({1: 1.0, 2: 2.0, 3: 3.0, 4: 4.0})
-    t1_first_sweep, t4_second_sweep = 1 * 1.0, 4 * 1.5  # seconds on the fake clock at the two speeds
-    assert t4_second_sweep / t1_first_sweep == pytest.approx(6.0)  # what one t(1) timed before the runs would give
+
+
+def test_verify_cost_divides_by_the_mean_of_the_sweeps_two_t1_when_speed_drifts_inside_a_sweep():
+    """The machine slows by 0.5 per forward (t(1) = 1, then t(2) = 2 × 1.5, then t(1) = 2): the sweep's mean t(1)
+    is the speed t(2) ran at, so the ratio is exactly 2; the opening t(1) alone would give 3, the closing one 1.5."""
+    from specdec_edu.course.measure import VerifyCost
+
+    machine = FakeMachine()
+    cost = VerifyCost.from_forward(machine.forward, [1, 2], timer=machine.clock)
+    machine.drift = 0.5  # from the first timed forward on (the warm-up ran at speed 1)
+    for _ in range(3):
+        cost.sweep()
+    assert all(sweep == pytest.approx({1: 1.0, 2: 2.0}) for sweep in cost.sweeps)
 
 
 def test_verify_cost_needs_three_sweeps():

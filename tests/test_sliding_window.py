@@ -78,6 +78,23 @@ def test_rollback_past_the_window_matches_recompute(pair, make_cache):
     torch.testing.assert_close(again, expected_again, rtol=1e-5, atol=1e-5)
 
 
+def test_fully_accepted_rounds_keep_sliding_layers_within_the_window(pair):
+    """kv.crop(cache, 0), the rollback after a round that kept every draft, trims a recording sliding layer back
+    to its window: without it the layer keeps every position it was fed (78 rows after a 60-token run)."""
+    if not kv._RECORDS_PAST or kv._full_sliding_layers():
+        pytest.skip("transformers 4.x, and 5.17, keep sliding layers in full (see the version notes in kv.py)")
+    target, _, _ = pair
+    cache = kv.new_cache(target)
+    with torch.no_grad():
+        kv.forward_cached(target, torch.arange(1, 17)[None], cache)
+        for start in (20, 30, 40):  # three rounds whose 4 tokens are all kept
+            kv.forward_cached(target, torch.arange(start, start + 4)[None], cache)
+            kv.crop(cache, 0)
+    sliding = [layer for layer in cache.layers if getattr(layer, "is_sliding", False)]
+    assert sliding and all(layer.keys.shape[-2] <= WINDOW - 1 for layer in sliding), [layer.keys.shape for layer in sliding]
+    assert kv.cache_length(cache) == 28  # the positions still count
+
+
 @pytest.mark.parametrize("gamma", range(1, 7))
 def test_greedy_speculative_equals_generate(pair, gamma):
     target, close_draft, unrelated_draft = pair
