@@ -6,6 +6,7 @@ tokens."""
 
 import argparse
 import copy
+import inspect
 import json
 import types
 
@@ -176,6 +177,16 @@ def test_batch_sweep_is_exact_per_row(tiny_close_pair, char_tokenizer):
     assert f"| 3 | {rows[1]['target_only_tok_s']:.1f} | {rows[1]['speculative_tok_s']:.1f} |" in table
     ids, mask = left_padded_batch(char_tokenizer, ["a", "a longer prompt"], 2, "cpu")
     assert mask[:, -1].all() and not mask[0, 0]  # left padding: the short prompt is padded at the front
+
+
+def test_help_gives_the_suffix_drafters_own_default_tau():
+    """--suffix-min-prob's help names SuffixDrafter's default (it said 0.1 while the drafter used 0.3)."""
+    from specdec_edu.suffix import SuffixDrafter
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    default = inspect.signature(SuffixDrafter).parameters["min_prob"].default
+    assert f"τ (default {default})" in parser.format_help().replace("\n", " ")
 
 
 def test_bench_cli_rejects_bad_batch_sizes():

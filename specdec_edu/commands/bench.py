@@ -9,6 +9,7 @@ produce the same tokens (checked).
 from __future__ import annotations
 
 import datetime
+import inspect
 import json
 import platform
 import statistics
@@ -23,7 +24,10 @@ from ..drafters import PromptLookupDrafter
 from ..generate import autoregressive_generate, resolve_compile, speculative_generate
 from ..models.feature_drafters import load_drafter
 from ..result import GenerationStats
+from ..suffix import SuffixDrafter
 from ..theory import expected_speedup
+
+SUFFIX_MIN_PROB = inspect.signature(SuffixDrafter).parameters["min_prob"].default  # for --help: the drafter's own
 
 CHAT_PROMPTS = [  # open questions (not in the draft's training prompts)
     "Why do leaves change colour in autumn? Answer in a short paragraph.",
@@ -402,7 +406,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--prompt-set", choices=PROMPT_SETS, default="default",
                         help="default: built-in prompts; the others are assets/eval/prompts.json's sets (reworded: "
                         "the originals' answers are added to the suffix drafter's global index first)")
-    parser.add_argument("--suffix-min-prob", type=float, default=None, help="suffix drafter's τ (default 0.1)")
+    parser.add_argument("--suffix-min-prob", type=float, default=None, help=f"suffix drafter's τ (default {SUFFIX_MIN_PROB})")
     parser.add_argument("--suffix-spec-factor", type=float, default=None, help="suffix drafter's budget per matched token")
     parser.add_argument("--limit", type=int, default=None, help="only the first N prompts of the set")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
