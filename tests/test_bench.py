@@ -233,7 +233,7 @@ def test_c_comes_from_a_profiled_run_where_the_clock_does_not_wait_for_the_devic
     target step. On an asynchronous device (MPS or CUDA) their draft seconds are only the time to queue the
     drafting (the GPU time lands in the verify: c near 0 where the H200 measured about 1), so c comes from the
     profiled run: 8 drafts in 0.4 s, c = 0.1. (The old code took the timed runs' c everywhere.)"""
-    monkeypatch.setattr(bench, "forward_seconds", lambda *args, **kwargs: 1.0)
+    monkeypatch.setattr(bench, "measured_verify_cost", lambda *args, **kwargs: 1.0)
     target = types.SimpleNamespace(device=torch.device(device), dtype=torch.float32)
     timed = GenerationStats(new_tokens=10, rounds=4, drafted=8, accepted=6, rejected_rounds=2, draft_seconds=0.0008,
                             verify_seconds=2.4)

@@ -1,4 +1,5 @@
 import copy
+import time
 import types
 
 import pytest
@@ -203,3 +204,21 @@ def test_verify_cost_times_real_forwards_at_the_same_context_length(target, forw
     cost.sweep()
     assert calls == [(16, 0), (1, 16), (3, 16), (1, 16), (3, 16), (1, 16)]
     assert set(cost.sweeps[0]) == {1, 3} and cost.sweeps[0][1] == 1.0
+
+
+def test_measured_verify_cost_holds_on_a_machine_that_slows_down_while_it_measures(monkeypatch):
+    """A forward that really sleeps n × speed × 2 ms, the machine slowing by half a unit per forward. Interleaved
+    sweeps (measured_verify_cost, what bench and gpu-report use) give t(2)/t(1) = 2; two medians timed one after the
+    other (forward_seconds(2) / forward_seconds(1), what they used) give about 0.9 here: the negative control."""
+    machine = types.SimpleNamespace(speed=1.0)
+
+    def sleeping_forward(n):
+        time.sleep(0.002 * n * machine.speed)
+        machine.speed += 0.5
+
+    monkeypatch.setattr(measure, "_appending_forward", lambda *args, **kwargs: sleeping_forward)
+    model = types.SimpleNamespace(device=torch.device("cpu"))
+    assert measure.measured_verify_cost(model, 2) == pytest.approx(2.0, rel=0.1)
+    machine.speed = 1.0
+    two_medians = measure.forward_seconds(model, 2) / measure.forward_seconds(model, 1)
+    assert two_medians < 1.2

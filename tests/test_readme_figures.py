@@ -115,9 +115,9 @@ def drift_cut():
 
 
 def round_overhead():
-    """The loop's own share of a round (accept/resample, cache crop, other Python), in %."""
+    """The loop's own share of a round (accept/resample, cache crop), in %."""
     phases = result(BENCH)["round_profile_ms"]
-    return 100 * (phases["accept_resample"] + phases["cache_crop"] + phases["python_overhead"]) / sum(phases.values())
+    return 100 * (phases["accept_resample"] + phases["cache_crop"]) / sum(phases.values())
 
 
 def tok_s(name: str, method: str):
@@ -178,12 +178,12 @@ FIGURES: list[tuple[str, list]] = [
       vs_target(BENCH, "hf_assisted_default")]),
     (rf"Ours / HF assisted at the same γ: \*\*{NUM}×\*\*\. The run's own α = {NUM}, c = {NUM}: Leviathan's formula "
      rf"predicts {NUM}×; .{{0,80}}costs {NUM} one-token steps, .{{0,40}}it predicts {NUM}×; measured {NUM}×\. One round: "
-     rf"draft {NUM} ms, verify forward {NUM} ms, accept/resample {NUM} ms, cache crop {NUM} ms, other Python {NUM} ms "
+     rf"draft {NUM} ms, verify forward {NUM} ms, accept/resample {NUM} ms, cache crop {NUM} ms "
      rf"— the loop's own overhead is ≈ {NUM} %",
      [js(BENCH, "speculative_vs_hf_assisted"), js(BENCH, "alpha"), js(BENCH, "c"), js(BENCH, "predicted_speedup"),
       js(BENCH, "verify_cost"), js(BENCH, "predicted_speedup_measured_verify"), js(BENCH, "speedup"),
-      *[js(BENCH, "round_profile_ms", k) for k in ("draft", "verify_forward", "accept_resample", "cache_crop",
-                                                    "python_overhead")], round_overhead]),
+      *[js(BENCH, "round_profile_ms", k) for k in ("draft", "verify_forward", "accept_resample", "cache_crop")],
+      round_overhead]),
     (rf"\| target-only \(ours\) \| {NUM} \| {NUM} \| \| \*\*prompt lookup \(ours\)\*\* \| \*\*{NUM}\*\* \| \*\*{NUM}\*\* \| "
      rf"\| HF `generate\(prompt_lookup_num_tokens=4\)` \| {NUM} \| {NUM} \|",
      [tok_s(LOOKUP, "target_only"), vs_target(LOOKUP, "target_only"), tok_s(LOOKUP, "speculative"), js(LOOKUP, "speedup"),

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..course.experiments import interleaved_benchmark, timed
-from ..course.measure import forward_seconds
+from ..course.measure import measured_verify_cost
 from ..drafters import PromptLookupDrafter
 from ..generate import autoregressive_generate, resolve_compile, speculative_generate
 from ..models.feature_drafters import load_drafter
@@ -300,7 +300,7 @@ def summarise(target, draft, results, drafter, gamma, inputs, compiled=False, pr
     # c came out near 0. There it comes from the profiled run, which waits at every phase.
     costs = pooled if target.device.type == "cpu" else profiled[1]
     c = costs.draft_seconds_per_token / baseline.target_seconds_per_forward if drafted else 0.0
-    verify_cost = forward_seconds(target, gamma + 1, compile=compiled) / forward_seconds(target, 1, compile=compiled)
+    verify_cost = measured_verify_cost(target, gamma + 1, sweeps=5, compile=compiled)
     reference = base.outputs
     out = {
         "drafter": drafter,

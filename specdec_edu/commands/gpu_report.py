@@ -62,10 +62,11 @@ def step_costs(target, draft, gamma: int, compiled: bool, bandwidth_bytes: int |
     Returns ``read_bandwidth`` (bytes/s, ``torch.sum`` over ``bandwidth_bytes``), ``weight_bytes`` and
     ``memory_floor`` (weight bytes ÷ bandwidth: no step can be faster), ``target_step`` and ``draft_step``
     (a one-token forward, median of ``repeats``), ``c`` (their ratio) and ``verify_cost`` (a (γ + 1)-token
-    target forward ÷ a one-token one). ``bandwidth_bytes`` defaults to 1 GiB on CUDA (so that the reduction
-    outlasts its launch) and 256 MiB elsewhere (more than a CPU's caches).
+    target forward ÷ a one-token one: the median of ``repeats`` interleaved sweeps, ``measured_verify_cost``).
+    ``bandwidth_bytes`` defaults to 1 GiB on CUDA (so that the reduction outlasts its launch) and 256 MiB elsewhere
+    (more than a CPU's caches).
     """
-    from ..course.measure import forward_seconds, parameter_bytes, read_bandwidth
+    from ..course.measure import forward_seconds, measured_verify_cost, parameter_bytes, read_bandwidth
 
     if bandwidth_bytes is None:
         bandwidth_bytes = 2**30 if target.device.type == "cuda" else 2**28
@@ -73,10 +74,10 @@ def step_costs(target, draft, gamma: int, compiled: bool, bandwidth_bytes: int |
     weight_bytes = parameter_bytes(target)
     target_step = forward_seconds(target, 1, repeats=repeats, compile=compiled)
     draft_step = forward_seconds(draft, 1, repeats=repeats, compile=compiled, role="draft")  # the generation's cache
-    verify = forward_seconds(target, gamma + 1, repeats=repeats, compile=compiled)
+    verify_cost = measured_verify_cost(target, gamma + 1, sweeps=max(3, repeats), compile=compiled)
     return {"read_bandwidth": bandwidth, "weight_bytes": weight_bytes, "memory_floor": weight_bytes / bandwidth,
             "target_step": target_step, "draft_step": draft_step, "c": draft_step / target_step,
-            "verify_cost": verify / target_step}
+            "verify_cost": verify_cost}
 
 
 def verdict(costs: dict, alpha: float, gamma: int) -> str:

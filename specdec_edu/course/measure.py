@@ -135,6 +135,18 @@ def _appending_forward(model, context_length: int, max_new: int, compile: bool, 
     return forward
 
 
+def measured_verify_cost(model, n_new: int, sweeps: int = VerifyCost.MIN_SWEEPS, context_length: int = 64,
+                         compile: bool = False, compile_options: dict | None = None) -> float:
+    """t(n_new) / t(1) here, in one-token steps: the median of ``sweeps`` :class:`VerifyCost` sweeps, each dividing by
+    its own t(1) timed just before and after. Two medians timed one after the other (``forward_seconds(model, n) /
+    forward_seconds(model, 1)``) divide by a t(1) of another moment, and a machine whose speed drifts in between
+    inflates or deflates the ratio."""
+    cost = VerifyCost(model, [n_new], context_length, compile, compile_options)
+    for _ in range(sweeps):
+        cost.sweep()
+    return cost.ratios()[n_new]
+
+
 def latency_curve(model, ns=(1, 2, 4, 8, 16, 32, 64), context_length: int = 64, repeats: int = 5,
                   progress: bool = True) -> dict[int, float]:
     """``{n: median seconds}`` for forwards appending n tokens: the latency curve."""
