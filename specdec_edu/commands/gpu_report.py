@@ -66,7 +66,7 @@ def step_costs(target, draft, gamma: int, compiled: bool, bandwidth_bytes: int |
     ``bandwidth_bytes`` defaults to 1 GiB on CUDA (so that the reduction outlasts its launch) and 256 MiB elsewhere
     (more than a CPU's caches).
     """
-    from ..course.measure import forward_seconds, measured_verify_cost, parameter_bytes, read_bandwidth
+    from ..course.measure import VerifyCost, forward_seconds, measured_verify_cost, parameter_bytes, read_bandwidth
 
     if bandwidth_bytes is None:
         bandwidth_bytes = 2**30 if target.device.type == "cuda" else 2**28
@@ -74,7 +74,8 @@ def step_costs(target, draft, gamma: int, compiled: bool, bandwidth_bytes: int |
     weight_bytes = parameter_bytes(target)
     target_step = forward_seconds(target, 1, repeats=repeats, compile=compiled)
     draft_step = forward_seconds(draft, 1, repeats=repeats, compile=compiled, role="draft")  # the generation's cache
-    verify_cost = measured_verify_cost(target, gamma + 1, sweeps=max(3, repeats), compile=compiled)
+    verify_cost = measured_verify_cost(target, gamma + 1, sweeps=max(VerifyCost.MIN_SWEEPS, repeats),
+                                       compile=compiled)
     return {"read_bandwidth": bandwidth, "weight_bytes": weight_bytes, "memory_floor": weight_bytes / bandwidth,
             "target_step": target_step, "draft_step": draft_step, "c": draft_step / target_step,
             "verify_cost": verify_cost}
