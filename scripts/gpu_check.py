@@ -61,7 +61,7 @@ from specdec_edu import autoregressive_generate, expected_speedup, speculative_g
 from specdec_edu.commands.bench import configure_hf_assistant  # noqa: E402
 from specdec_edu.course.diagnostics import first_divergence  # noqa: E402
 from specdec_edu.course.experiments import ReplayDrafter, interleaved_benchmark, timed  # noqa: E402
-from specdec_edu.course.measure import forward_seconds, latency_curve, parameter_bytes  # noqa: E402
+from specdec_edu.course.measure import forward_seconds, latency_curve, measured_verify_cost, parameter_bytes  # noqa: E402
 from specdec_edu.drafters import ModelDrafter  # noqa: E402
 from specdec_edu.generate import compiled_or_eager  # noqa: E402
 from specdec_edu.models.devices import default_dtype, requested_device  # noqa: E402
@@ -409,7 +409,7 @@ def main(argv=None) -> dict:
 
     with section(f"3. eager c = draft step / target step, and verify cost t({g + 1})/t(1)", seconds):
         out["c_eager"] = {label: forward_seconds(m, 1, args.prompt_length, repeats=7) / t1 for label, m in drafts.items()}
-        out["verify_cost_eager"] = forward_seconds(target, g + 1, args.prompt_length, repeats=7) / t1
+        out["verify_cost_eager"] = measured_verify_cost(target, g + 1, sweeps=7, context_length=args.prompt_length)
         print("   " + " · ".join(f"c({label}) = {c:.3f}" for label, c in out["c_eager"].items())
               + f" · verify cost {out['verify_cost_eager']:.2f}")
     save(out, args.json)

@@ -69,7 +69,7 @@ def evaluate(target, tokenizer, kinds: list[str], *, gammas=(2, 3, 4), max_new_t
 
     from specdec_edu import GenerationStats, chat_prompt, expected_speedup, load_drafter
     from specdec_edu.course.experiments import interleaved_benchmark
-    from specdec_edu.course.measure import forward_seconds
+    from specdec_edu.course.measure import measured_verify_cost
 
     prompts = [chat_prompt(tokenizer, p) for p in held_out_prompts()[:n_prompts]]
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -99,7 +99,7 @@ def evaluate(target, tokenizer, kinds: list[str], *, gammas=(2, 3, 4), max_new_t
         g = int(g)
         pooled = GenerationStats.pooled([r.stats for r in reps[-1]])
         c = pooled.draft_seconds_per_token / t_target
-        verify_cost = forward_seconds(target, g + 1) / forward_seconds(target, 1)
+        verify_cost = measured_verify_cost(target, g + 1)
         report["drafters"].setdefault(kind, {})[g] = {
             "alpha": pooled.alpha, "alpha_per_position": pooled.alpha_per_position(g),
             "judged_per_position": pooled.judged_per_position(g), "tau": pooled.tau, "c": c,
