@@ -6,7 +6,8 @@
     python scripts/execute_notebooks.py --scratch --quick     # check they run: copies, quick settings, a table
     SPECDEC_EDU_SEED=1 python scripts/execute_notebooks.py --scratch --out run2   # the second run of a truth pass
     python scripts/execute_notebooks.py --check-only run2/*.ipynb                  # its checks, without running
-    python scripts/execute_notebooks.py --scratch --quick --jobs 4 --deadline 540   # the GPU stage: side by side, bounded
+    python scripts/execute_notebooks.py --scratch --quick --jobs 4 --deadline 540 --timeout 300 --retries 1
+                                                              # the GPU stage: side by side, bounded
 
 ``--scratch`` writes the executed copies to a temporary folder (``--out DIR`` to keep them) and leaves the
 committed notebooks untouched; a failing notebook is reported and the next one runs. ``--quick`` runs the
@@ -28,7 +29,7 @@ it tracked is printed by the cell anyway. Sliders and other real widgets are kep
 Run it on a quiet machine: several notebooks print timings, and their prose is checked against them
 (``tests/test_notebook_claims.py``).
 
-Two options are for a machine that is lent by the minute (the GPU stage, ``scripts/gpu_course_checks.sh``), and
+Three options are for a machine that is lent by the minute (the GPU stage, ``scripts/gpu_course_checks.sh``), and
 work with ``--scratch`` only. ``--jobs N`` runs N notebooks side by side, each in its own kernel, with the CPU's
 threads split between them (``OMP_NUM_THREADS``, unless set): most of a notebook's first minute on a GPU is
 compiling, which is CPU work, and the compiled code lands in a cache on disk that the later notebooks reuse.
@@ -36,7 +37,11 @@ Their timings then disturb each other, so their prose checks are no evidence (th
 table keeps the notebooks' order. ``--deadline S`` bounds the whole run to S seconds: a cell still running then
 is stopped by the kernel client's own cell timeout (its copy is kept, up to that cell), a notebook not started by
 then is not started, and both are FAIL rows of a table that is still printed; a ``timeout`` around the script would
-kill it before the table and leave no word on which notebooks ran.
+kill it before the table and leave no word on which notebooks ran. ``--retries N`` runs a notebook again when one of
+its cells outlives ``--timeout`` before the deadline: a kernel client can stop hearing from its kernel (in a CPU
+rehearsal of the GPU stage, notebook 04's last cell printed its output, its reply never came, and the notebook held
+its worker to the deadline; nbclient and jupyter_client have such rare hangs), and a second run of a quick notebook
+costs less than its lost row.
 """
 
 from __future__ import annotations
@@ -124,6 +129,14 @@ def execute(path: Path, timeout: int, destination: Path | None = None, deadline:
     return seconds
 
 
+def last_started_cell(copy: Path) -> str:
+    """"cell N": the last code cell of an executed copy that the kernel started (it numbers a cell as it starts
+    it), i.e. the one a cell timeout stopped; N counts every cell from 0, as nbclient's messages do."""
+    nb = nbformat.read(copy, as_version=4)
+    started = [i for i, cell in enumerate(nb.cells) if cell.cell_type == "code" and cell.get("execution_count")]
+    return f"cell {started[-1]}" if started else "a cell before the first one started"
+
+
 def _restore_skipped(nb, skipped: dict[int, str]) -> None:
     """Put back the source of the cells that ``execute`` skipped, with no output."""
     for i, source in skipped.items():
@@ -147,12 +160,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--jobs", type=int, default=1, help="with --scratch: run this many notebooks side by side")
     ap.add_argument("--deadline", type=float, default=None,
                     help="with --scratch: seconds for the whole run; what is unfinished then is a FAIL row")
+    ap.add_argument("--retries", type=int, default=0,
+                    help="with --scratch: run a notebook again (up to N times) when a cell outlives --timeout before "
+                         "the deadline: a kernel that stopped answering")
     args = ap.parse_args(argv)
-    for given, name in [(args.out is not None, "--out"), (args.jobs != 1, "--jobs"), (args.deadline is not None, "--deadline")]:
+    for given, name in [(args.out is not None, "--out"), (args.jobs != 1, "--jobs"), (args.deadline is not None, "--deadline"),
+                        (args.retries != 0, "--retries")]:
         if given and not args.scratch:
             ap.error(f"{name} needs --scratch (without it the notebooks are executed in place, one by one, to the end)")
-    if args.jobs < 1 or (args.deadline is not None and args.deadline <= 0):
-        ap.error("--jobs must be at least 1 and --deadline a positive number of seconds")
+    if args.jobs < 1 or args.retries < 0 or (args.deadline is not None and args.deadline <= 0):
+        ap.error("--jobs must be at least 1, --retries at least 0 and --deadline a positive number of seconds")
     if args.check_only and (args.scratch or args.quick):
         ap.error("--check-only runs nothing: drop --scratch and --quick")
     args.notebooks = [p.resolve() for p in args.notebooks] or sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -193,7 +210,7 @@ def main(argv=None) -> int:
     started = time.monotonic()
     deadline = None if args.deadline is None else started + args.deadline
 
-    def run_one(path: Path) -> tuple:
+    def run_one(path: Path, attempt: int = 0) -> tuple:
         """One notebook's row of the table; in place, a failure is raised (the run stops there)."""
         if deadline is not None and time.monotonic() >= deadline - 1:
             return (path.name, None, f"FAIL: not started: the {args.deadline:.0f} s deadline had passed", load_average())
@@ -208,8 +225,16 @@ def main(argv=None) -> int:
             if not args.scratch:
                 raise
             last_line = ANSI.sub("", (str(exc).strip().splitlines() or [type(exc).__name__])[-1])[:120]
-            if isinstance(exc, CellTimeoutError) and deadline is not None and time.monotonic() >= deadline - 1:
-                last_line = f"stopped at the {args.deadline:.0f} s deadline (its copy has the cells that ran)"
+            if isinstance(exc, CellTimeoutError):
+                cell = last_started_cell(destination)
+                if deadline is not None and time.monotonic() >= deadline - 1:
+                    last_line = f"stopped at the {args.deadline:.0f} s deadline in {cell} (its copy has the cells that ran)"
+                elif attempt < args.retries:
+                    print(f"{path.name}: {cell} ran past the {args.timeout} s cell timeout; running the notebook "
+                          f"again ({attempt + 1} of {args.retries})", flush=True)
+                    return run_one(path, attempt + 1)
+                else:
+                    last_line = f"{cell} ran past the {args.timeout} s cell timeout"
             print(f"{path.name}: FAIL: {last_line}", flush=True)
             return (path.name, None, f"FAIL: {last_line}", load_average())
 

@@ -47,7 +47,7 @@ export SPECDEC_EDU_RANDOM_TARGET=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1  # no
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "command: $0 $*"
   echo "commit: ${GIT_COMMIT:-unknown (set GIT_COMMIT)}"
-  echo "settings: BUDGET=$BUDGET DEADLINE=${DEADLINE:-auto} JOBS=${JOBS:-4} DEVICE=${DEVICE:-cuda} SIZE=${SIZE:-7b}"
+  echo "settings: BUDGET=$BUDGET DEADLINE=${DEADLINE:-auto} JOBS=${JOBS:-4} CELL_TIMEOUT=${CELL_TIMEOUT:-240} DEVICE=${DEVICE:-cuda} SIZE=${SIZE:-7b}"
   env | grep '^SPECDEC_EDU_' | sort || true
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo "nvidia-smi: none"
 } > "$OUT/provenance.txt"
@@ -115,11 +115,14 @@ notebooks() {  # the notebooks on CUDA, quick, in a scratch folder, then one arc
   # CPU work, part of which the later notebooks read back from inductor's disk cache). DEADLINE (default: what is left
   # of BUDGET, less 40 s for the archive and the kernels' shutdown) bounds the run: what is unfinished then is a row of
   # the table, not a lost table. The outer timeout is only a backstop for a hang the deadline cannot stop.
+  # CELL_TIMEOUT (default 240 s; the slowest quick cell takes about 25 s on a 2-core CPU, and compiling on a GPU is
+  # not yet timed) frees a worker whose kernel stopped answering, and that notebook runs once more (--retries 1),
+  # instead of holding its worker to the deadline.
   local deadline="${DEADLINE:-$(( $(left) - 40 ))}"
   rm -rf /tmp/executed && mkdir -p /tmp/executed  # only this call's copies go into the archive
   local rc=0
   timeout "$(( deadline + 20 ))" "$PY" scripts/execute_notebooks.py --scratch --quick --jobs "${JOBS:-4}" \
-    --deadline "$deadline" --out /tmp/executed "$@" 2>&1 | tee "$OUT/notebooks.txt" || rc=$?
+    --deadline "$deadline" --timeout "${CELL_TIMEOUT:-240}" --retries 1 --out /tmp/executed "$@" 2>&1 | tee "$OUT/notebooks.txt" || rc=$?
   if (( rc == 124 )); then  # the backstop fired: the kernels run in sessions of their own and would outlive it
     pkill -f ipykernel_launcher 2>/dev/null || true
   fi

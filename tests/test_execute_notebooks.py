@@ -19,10 +19,11 @@ def test_arguments():
     assert len(args.notebooks) == 12
     with pytest.raises(SystemExit):
         execute_notebooks.parse_args(["--out", "somewhere"])  # --out without --scratch would mean "in place"
-    for in_place_only_one_by_one in (["--jobs", "2"], ["--deadline", "60"]):  # the committed outputs: never bounded
+    # the committed outputs: never bounded
+    for in_place_only_one_by_one in (["--jobs", "2"], ["--deadline", "60"], ["--retries", "1"]):
         with pytest.raises(SystemExit):
             execute_notebooks.parse_args(in_place_only_one_by_one)
-    for nonsense in (["--jobs", "0"], ["--deadline", "0"]):
+    for nonsense in (["--jobs", "0"], ["--deadline", "0"], ["--retries", "-1"]):
         with pytest.raises(SystemExit):
             execute_notebooks.parse_args(["--scratch", *nonsense])
     args = execute_notebooks.parse_args(["--scratch", "--jobs", "4", "--deadline", "540"])
@@ -126,9 +127,36 @@ def test_jobs_run_notebooks_side_by_side_and_a_deadline_still_prints_the_table(t
     out = tmp_path / "one_by_one"
     assert execute_notebooks.main([*map(str, paths), "--scratch", "--deadline", "6", "--out", str(out)]) == 1
     table = capsys.readouterr().out.splitlines()[:-1]
-    assert "FAIL: stopped at the 6 s deadline" in table[-2] and table[-2].startswith("00_a.ipynb")
+    assert "FAIL: stopped at the 6 s deadline in cell 0" in table[-2] and table[-2].startswith("00_a.ipynb")
     assert "FAIL: not started: the 6 s deadline had passed" in table[-1] and table[-1].startswith("01_b.ipynb")
     assert (out / "00_a.ipynb").exists() and not (out / "01_b.ipynb").exists()
+
+
+def test_a_kernel_that_stops_answering_costs_a_rerun_not_the_deadline(tmp_path, capsys, monkeypatch):
+    """The first run's kernel goes quiet in cell 1 (it sleeps past the 4 s cell timeout); --retries 1 runs the
+    notebook again, and that run passes. The negative control, --retries 0: a FAIL row that names the cell."""
+    monkeypatch.setenv("SPECDEC_EDU_QUICK", "0")
+    monkeypatch.setenv("PYTHONPATH", "")
+    flag = tmp_path / "ran_once.flag"
+    quiet_once = textwrap.dedent(f"""\
+        import pathlib, time
+        flag = pathlib.Path({str(flag)!r})
+        if not flag.exists():
+            flag.touch()
+            time.sleep(60)  # as a kernel that stopped answering
+        print("answered")""")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1"), nbformat.v4.new_code_cell(quiet_once)])
+    path = tmp_path / "00_quiet.ipynb"
+    nbformat.write(nb, path)
+    common = [str(path), "--scratch", "--timeout", "4", "--deadline", "120"]
+    assert execute_notebooks.main([*common, "--retries", "1", "--out", str(tmp_path / "retried")]) == 0
+    printed = capsys.readouterr().out
+    assert "00_quiet.ipynb: cell 1 ran past the 4 s cell timeout; running the notebook again (1 of 1)" in printed
+    assert nbformat.read(tmp_path / "retried" / path.name, as_version=4).cells[1].outputs[0]["text"] == "answered\n"
+
+    flag.unlink()
+    assert execute_notebooks.main([*common, "--out", str(tmp_path / "once")]) == 1
+    assert "FAIL: cell 1 ran past the 4 s cell timeout" in capsys.readouterr().out.splitlines()[-2]
 
 
 def test_a_notebook_that_fails_in_place_keeps_its_committed_outputs(tmp_path):
