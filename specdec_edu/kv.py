@@ -7,7 +7,8 @@ by any number of positions, cheaply, every round. And after a rollback the next 
 right after what was kept, over the rejected drafts' slots: if it wrote anywhere else, the rejected
 drafts would stay visible to attention and the output would be wrong, with no error. The draft
 model's own cache needs the same three things. Everything else here (preallocated K/V, compiled
-forwards, padding) is a speed-up that must not change a single logit.
+forwards, padding) is a speed-up that must not change a single logit. Only attention K/V can be rolled
+back so: a model with a recurrent state (Mamba, linear attention) gets no cache (``check_rollback_possible``).
 
 Two kinds of cache:
 
@@ -95,11 +96,58 @@ def _full_sliding_layers() -> bool:
         raise _unsupported(f"probing how a sliding-window cache layer records past states failed ({error!r})") from error
 
 
+def check_rollback_possible(model: torch.nn.Module, layers=()) -> None:
+    """Raise ``ValueError`` for a model whose context lives where a rollback cannot reach.
+
+    Speculative decoding rolls a model's cache back after every rejected draft, and this module rolls
+    back attention keys/values only. Two kinds of model keep other state:
+    - a state-space model (Mamba in transformers 4.x–5.17) takes its state as ``cache_params``: a cache
+      passed under another name would be ignored, and every forward would see only its new tokens (the
+      output would be wrong, target-only runs included, without an error);
+    - a hybrid with linear-attention, Mamba or convolution layers (Qwen3-Next, Jamba, LFM2; Mamba itself in
+      5.24+): its config names them (``layer_types`` or ``layers_block_type``), and on 5.10+ a cache built
+      from the config (``layers``: such a cache's ``.layers``) has ``LinearAttention`` layers for them. A crop
+      cannot put their recurrent state back (5.25 can record one per token for its own assisted decoding,
+      with a count of drafts fixed beforehand; this module does not use that).
+    Before this check such a model raised an unclear error from inside transformers, or, for Mamba on
+    4.56–5.10, ran without one, every forward blind to its context.
+    """
+    forward = inspect.signature(type(model).forward).parameters
+    if "cache" not in forward and "past_key_values" not in forward:
+        why = "its forward takes no `cache` or `past_key_values`" + (
+            " (a state-space model: it keeps its state in `cache_params`)" if "cache_params" in forward else "")
+    elif kinds := _recurrent_layer_kinds(getattr(model, "config", None), layers):
+        why = f"it has layers with a recurrent state ({', '.join(kinds)})"
+    else:
+        return
+    raise ValueError(
+        f"{type(model).__name__}: {why}, which a rollback after a rejected draft cannot put back, so speculative "
+        "decoding cannot run on it here: use a draft/target pair of attention-only models (Llama, Qwen2, Mistral, "
+        "Gemma, …)."
+    )
+
+
+def _recurrent_layer_kinds(config, layers) -> list[str]:
+    """The kinds of non-attention layer in ``config`` (its ``layer_types`` or ``layers_block_type``, e.g.
+    "linear_attention", "mamba", "conv") or among ``layers`` (5.10+: ``LinearAttention`` cache layers)."""
+    import transformers.cache_utils
+
+    declared = [*(getattr(config, "layer_types", None) or ()), *(getattr(config, "layers_block_type", None) or ())]
+    kinds = {kind for kind in map(str, declared) if any(word in kind for word in _RECURRENT_WORDS)}
+    linear = getattr(transformers.cache_utils, "LinearAttentionCacheLayerMixin", None)
+    return sorted(kinds) or sorted({type(layer).__name__ for layer in layers if linear and isinstance(layer, linear)})
+
+
+_RECURRENT_WORDS = ("linear", "mamba", "conv", "recurrent", "ssm", "hybrid", "rwkv")
+
+
 def new_cache(model: torch.nn.Module) -> DynamicCache:
     """An empty KV cache for ``model`` that can be rolled back to any earlier length."""
     if not _RECORDS_PAST:
+        check_rollback_possible(model)
         return DynamicCache()  # 4.x: full layers everywhere (what 4.x assisted decoding does)
     cache = DynamicCache(config=model.config)  # 5.x: layers as the config says (sliding, linear, …)
+    check_rollback_possible(model, cache.layers)
     if any(getattr(layer, "is_sliding", False) for layer in cache.layers) and _full_sliding_layers():
         # 5.17: sliding layers keep everything instead (the mask still applies the window)
         cache.layers = [_cache_class("DynamicLayer")() if getattr(layer, "is_sliding", False) else layer
@@ -131,8 +179,14 @@ def forward_cached(model: torch.nn.Module, input_ids: torch.Tensor, cache, **kwa
         return forward_compiled(model, input_ids, cache, **kwargs)
     if isinstance(cache, StaticKV):
         return cache.write(forward_at_positions, model, input_ids, input_ids.shape[-1], **kwargs)
-    keyword = _cache_keyword(type(model).forward)
-    return model(input_ids=input_ids, use_cache=True, **{keyword: cache}, **kwargs)
+    keyword, first = _cache_keyword(type(model).forward), cache_length(cache) == 0
+    out = model(input_ids=input_ids, use_cache=True, **{keyword: cache}, **kwargs)
+    fed = (input_ids if input_ids is not None else kwargs["inputs_embeds"]).shape[1]  # ids [B, n] or embeddings [B, n, d]
+    if first and cache_length(cache) != fed:  # e.g. a wrapper whose forward(**kwargs) drops the cache
+        raise ValueError(f"{type(model).__name__} did not keep its input in the cache it was given ({fed} tokens in, "
+                         f"{cache_length(cache)} kept), so the next forward would not see them: pass the cache on as "
+                         f"`{keyword}`, or use a model whose forward takes it.")
+    return out
 
 
 def crop(cache, n_remove: int) -> None:
@@ -202,7 +256,9 @@ class StaticKV:
         self.widths = tuple(sorted(widths)) if compile else None
         # A padded tail may run past max_len; and at least 3 slots, where the self-check can see a misplaced write.
         slots = max(max_len + (self.widths[-1] - 1 if compile else 0), 3)
+        check_rollback_possible(model)  # before a StaticCache, which some such configs cannot build
         self.cache = StaticCache(config=model.config, max_cache_len=slots)
+        check_rollback_possible(model, self.cache.layers)
         # Every layer stores all positions (see the version notes: a sliding layer's
         # ring buffer could not be rolled back); the model's mask still applies the window.
         static_layer = _cache_class("StaticLayer")
@@ -485,3 +541,7 @@ def existing_static_cache(model: torch.nn.Module, min_len: int, role: str = "tar
 #   ``StaticKV`` is made (``_allocate_and_check``).
 # - The private classes ``DynamicSlidingWindowLayer``, ``DynamicLayer`` and ``StaticLayer`` are looked up when a
 #   cache first needs them (``_cache_class``), never at import.
+# - Layers with a recurrent state (Mamba, linear attention, short convolutions): 4.x–5.17 Mamba takes its state as
+#   ``cache_params``; 5.10+ caches built from a hybrid's config hold ``LinearAttention`` layers, which 5.17 and 5.24
+#   call not croppable and 5.25 can crop only when recording was asked with a count of states to keep (its own
+#   assisted decoding). ``check_rollback_possible`` refuses all of them, in every version, before a forward.

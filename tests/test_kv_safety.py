@@ -224,6 +224,71 @@ def test_the_package_imports_without_the_private_cache_classes():
         assert re.search(rf"CHANGED: transformers {version}: .*sliding-window.*{tested}", done.stdout)
 
 
+# ---- 6b. models whose state a rollback cannot reach are refused, on every version ---------------------------
+
+TINY = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+            num_key_value_heads=1, max_position_embeddings=256)
+RECURRENT = {  # name: (config class, config fields); tiny and random: the refusal comes before any forward
+    "Mamba": ("MambaConfig", dict(vocab_size=64, hidden_size=32, state_size=4, num_hidden_layers=2, expand=2)),
+    "Jamba": ("JambaConfig", dict(TINY, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
+                                  expert_layer_offset=1, num_experts=2, mamba_d_state=4, mamba_d_conv=2, mamba_expand=2)),
+    "Lfm2": ("Lfm2Config", dict(TINY, layer_types=["conv", "full_attention"])),
+    "Qwen3Next": ("Qwen3NextConfig", dict(TINY, head_dim=16, linear_num_value_heads=2, linear_num_key_heads=2,
+                                          linear_key_head_dim=8, linear_value_head_dim=8, num_experts=2,
+                                          num_experts_per_tok=1, moe_intermediate_size=32,
+                                          shared_expert_intermediate_size=32,
+                                          layer_types=["linear_attention", "full_attention"])),
+}
+
+
+def recurrent_model(name: str) -> torch.nn.Module:
+    config_class = getattr(transformers, RECURRENT[name][0], None)
+    if config_class is None:
+        pytest.skip(f"transformers {transformers.__version__} has no {name}")
+    torch.manual_seed(0)
+    return getattr(transformers, f"{name}ForCausalLM")(config_class(**RECURRENT[name][1])).eval()
+
+
+@pytest.mark.parametrize("name", sorted(RECURRENT))
+def test_a_model_with_recurrent_state_is_refused_with_the_fix(name):
+    """State-space and hybrid models keep state that rolling back K/V cannot put back: refused as a target, as a
+    draft, for target-only decoding and for a static cache, by ``kv.check_rollback_possible`` with an error that
+    names the fix. Before, by version: Mamba ran on 4.56–5.10 with its cache ignored, so every forward saw only its
+    new tokens (target-only output too, without an error); on 5.25 every one of these raised a TypeError from inside
+    transformers, on 5.2–5.17 most an AttributeError or ValueError about ``has_previous_state`` or
+    ``get_seq_length``."""
+    model, llama, ids = recurrent_model(name), tiny_llama(seed=3, vocab_size=64), torch.tensor([[1, 5, 9, 3]])
+    refused = rf"{name}ForCausalLM: .*recurrent state|{name}ForCausalLM: its forward takes no `cache`"
+    for run in (lambda: speculative_generate(model, model, ids, max_new_tokens=8, compile=False),
+                lambda: speculative_generate(llama, model, ids, max_new_tokens=8, compile=False),
+                lambda: autoregressive_generate(model, ids, max_new_tokens=8, compile=False),
+                lambda: kv.new_static_cache(model, 16)):
+        with pytest.raises(ValueError, match=rf"({refused}).*attention-only models"):
+            run()
+    speculative_generate(llama, llama, ids, max_new_tokens=8, compile=False)  # the control: attention-only runs
+
+
+def test_a_forward_that_drops_its_cache_is_refused_at_the_prefill():
+    """A model (e.g. a wrapper whose ``forward(**kwargs)`` loses the cache) that keeps nothing in the cache it was
+    given: its next forward would see only its own tokens. The first forward on an empty cache checks that the cache
+    grew by its input. Before: generation ran, every step blind to the context, without an error."""
+
+    class Forgetful(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model, self.config, self.device = model, model.config, model.device
+
+        def forward(self, input_ids, past_key_values=None, **kwargs):
+            return self.model(input_ids=input_ids, **kwargs)  # the cache never reaches the model
+
+    llama = tiny_llama(seed=3)
+    with pytest.raises(ValueError, match=r"Forgetful did not keep its input in the cache .*\(4 tokens in, 0 kept\)"):
+        autoregressive_generate(Forgetful(llama), torch.tensor([[1, 5, 9, 3]]), max_new_tokens=4, compile=False)
+    with torch.no_grad():  # the control: the model itself keeps them
+        kv.forward_cached(llama, torch.tensor([[1, 5, 9, 3]]), cache := kv.new_cache(llama))
+    assert kv.cache_length(cache) == 4
+
+
 # ---- 7. one list of tested transformers versions, and CI tests exactly those --------------------------------
 
 
