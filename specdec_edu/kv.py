@@ -50,7 +50,7 @@ from .models.shapes import max_positions
 
 # The transformers versions CI tests (``.ci/run``: its main environment pins the last one in
 # ``constraints/ci.txt``; its steps 2 and 2b install the others). The one list: docs point here.
-TESTED_TRANSFORMERS = ("4.56.2", "5.2.0", "5.10.4", "5.17.0", "5.24.0")
+TESTED_TRANSFORMERS = ("4.56.2", "5.2.0", "5.10.4", "5.17.0", "5.25.0")
 
 # transformers 5.x: caches can record past states so that sliding layers can be rolled back.
 _RECORDS_PAST = hasattr(DynamicCache, "activate_past_recording")
@@ -545,3 +545,5 @@ def existing_static_cache(model: torch.nn.Module, min_len: int, role: str = "tar
 #   ``cache_params``; 5.10+ caches built from a hybrid's config hold ``LinearAttention`` layers, which 5.17 and 5.24
 #   call not croppable and 5.25 can crop only when recording was asked with a count of states to keep (its own
 #   assisted decoding). ``check_rollback_possible`` refuses all of them, in every version, before a forward.
+# - 5.25 changed the cache only for those layers (and turned on hub kernels when loading: ``models.weights``); CI's
+#   main pin moved from 5.24.0 to 5.25.0 on 2026-12-03, after the whole suite passed on both.
