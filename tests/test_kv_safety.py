@@ -268,6 +268,19 @@ def test_a_model_with_recurrent_state_is_refused_with_the_fix(name):
     speculative_generate(llama, llama, ids, max_new_tokens=8, compile=False)  # the control: attention-only runs
 
 
+def test_a_linear_attention_cache_layer_is_refused_whatever_the_config_calls_it():
+    """5.10+: a layer that a cache built from the config makes a ``LinearAttention`` layer is refused even where the
+    config's own names for its layers are not ones the check knows."""
+    import transformers.cache_utils
+
+    if not hasattr(transformers.cache_utils, "LinearAttentionCacheLayerMixin"):
+        pytest.skip(f"transformers {transformers.__version__} has no linear-attention cache layers")
+    llama = tiny_llama(seed=3)
+    kv.check_rollback_possible(llama, [])  # the control: attention only
+    with pytest.raises(ValueError, match=r"LlamaForCausalLM: it has layers with a recurrent state \(LinearAttentionLayer\)"):
+        kv.check_rollback_possible(llama, [transformers.cache_utils.LinearAttentionLayer()])
+
+
 def test_a_forward_that_drops_its_cache_is_refused_at_the_prefill():
     """A model (e.g. a wrapper whose ``forward(**kwargs)`` loses the cache) that keeps nothing in the cache it was
     given: its next forward would see only its own tokens. The first forward on an empty cache checks that the cache
