@@ -181,11 +181,12 @@ def forward_cached(model: torch.nn.Module, input_ids: torch.Tensor, cache, **kwa
         return cache.write(forward_at_positions, model, input_ids, input_ids.shape[-1], **kwargs)
     keyword, first = _cache_keyword(type(model).forward), cache_length(cache) == 0
     out = model(input_ids=input_ids, use_cache=True, **{keyword: cache}, **kwargs)
-    fed = (input_ids if input_ids is not None else kwargs["inputs_embeds"]).shape[1]  # ids [B, n] or embeddings [B, n, d]
-    if first and cache_length(cache) != fed:  # e.g. a wrapper whose forward(**kwargs) drops the cache
-        raise ValueError(f"{type(model).__name__} did not keep its input in the cache it was given ({fed} tokens in, "
-                         f"{cache_length(cache)} kept), so the next forward would not see them: pass the cache on as "
-                         f"`{keyword}`, or use a model whose forward takes it.")
+    if first:  # e.g. a wrapper whose forward(**kwargs) drops the cache: checked once, at a cache's first forward
+        fed = (input_ids if input_ids is not None else kwargs["inputs_embeds"]).shape[1]  # ids [B, n] or embeds [B, n, d]
+        if (kept := cache_length(cache)) != fed:
+            raise ValueError(f"{type(model).__name__} did not keep its input in the cache it was given ({fed} tokens "
+                             f"in, {kept} kept), so the next forward would not see them: pass the cache on as "
+                             f"`{keyword}`, or use a model whose forward takes it.")
     return out
 
 
