@@ -102,10 +102,29 @@ def check_draft_head(rows: int, target) -> None:
         )
 
 
+# The oldest torch that compiles transformers 5's models: 2.6's dynamo stops at their output wrapper
+# ("Unsupported: call_method GetAttrVariable(GetSetDescriptorVariable(), co_varnames) __contains__"), so every
+# compiled cache fell back to eager there; 2.7.1 passes the whole test suite. pyproject.toml's floor.
+OLDEST_TORCH = "2.7"
+
+
+def old_torch_hint(version: str | None = None) -> str:
+    """`` (torch X is older than OLDEST_TORCH …: pip install -U torch)`` if the installed torch is, else ``""``.
+    Only an install that skipped pyproject.toml's floor (``--no-deps``, a pinned environment) meets it."""
+    from packaging.version import Version
+
+    version = str(torch.__version__) if version is None else version
+    if Version(version).release >= Version(OLDEST_TORCH).release:
+        return ""
+    return (f"; torch {version} is older than {OLDEST_TORCH}, the oldest that compiles these models: "
+            "pip install -U torch")
+
+
 def compiled_or_eager(make_compiled, make_eager, role: str):
     """``make_compiled()``; if compiling fails there (dynamo, inductor or Triton raise when a compiled cache
     compiles its widths, e.g. Triton's bf16 below sm_80), ``make_eager()`` instead, with a one-line warning
-    naming the cause. The generation then runs that model eager: slower, same output."""
+    naming the cause (and the fix, where it is a torch older than ``OLDEST_TORCH``). The generation then runs
+    that model eager: slower, same output."""
     try:
         return make_compiled()
     except Exception as exc:  # noqa: BLE001 (any compiler failure: the eager path needs no compiler)
@@ -115,7 +134,7 @@ def compiled_or_eager(make_compiled, make_eager, role: str):
         first_line = (str(root).strip().splitlines() or [""])[0][:200]
         via = f"{type(exc).__name__} from " if root is not exc else ""
         warnings.warn(f"compiling the {role} failed ({via}{type(root).__name__}: {first_line}), so the {role} "
-                      "runs eager.", stacklevel=4)
+                      f"runs eager{old_torch_hint()}.", stacklevel=4)
         return make_eager()
 
 

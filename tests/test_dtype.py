@@ -136,6 +136,26 @@ def test_a_compiler_failure_runs_eager_and_says_why():
     assert base.sequences.tolist() == eager.sequences.tolist() and not base.stats.compiled
 
 
+def test_a_torch_older_than_the_floor_is_named_with_its_fix(monkeypatch):
+    """torch 2.6 cannot compile transformers 5's models (dynamo stops at their output wrapper), and every compiled
+    cache then fell back to eager. pyproject.toml's floor keeps pip from installing it; an environment that skipped
+    the floor gets the fix in the fallback's warning. With the torch installed here (≥ the floor) there is none."""
+    from specdec_edu.generate import OLDEST_TORCH, old_torch_hint
+
+    assert old_torch_hint() == "" and old_torch_hint(OLDEST_TORCH + ".0") == ""
+    assert old_torch_hint("2.10.0") == "" and old_torch_hint("2.15.0+cu130") == ""  # not a string comparison
+    target = tiny_llama(seed=0)
+    with pytest.warns(UserWarning) as caught:
+        autoregressive_generate(target, PROMPT, max_new_tokens=4, compile=True,
+                                compile_options={"backend": failing_backend})
+    assert not any("pip install -U torch" in str(w.message) for w in caught)
+    monkeypatch.setattr(torch, "__version__", "2.6.0+cu124")
+    with pytest.warns(UserWarning, match=r"runs eager; torch 2\.6\.0\+cu124 is older than 2\.7, .*pip install -U torch"):
+        out = autoregressive_generate(target, PROMPT, max_new_tokens=4, compile=True,
+                                      compile_options={"backend": failing_backend})
+    assert not out.stats.compiled
+
+
 def test_a_compiler_failure_is_not_retried_and_the_measurements_fall_back_too():
     """Notebook 07 times forwards (``forward_seconds``, ``VerifyCost``) on the compiled path before it generates:
     a failing compiler must not stop it there, and a failure is remembered, so later calls do not pay the

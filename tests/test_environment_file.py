@@ -73,6 +73,13 @@ def test_pip_section_matches_pyproject():
         assert spec == in_pyproject[name], f"{name}: environment.yml says {spec}, pyproject.toml says {in_pyproject[name]}"
 
 
+def test_the_torch_floor_is_the_oldest_that_compiles():
+    """pyproject.toml's torch floor is ``generate.OLDEST_TORCH``, the release the fallback's warning names."""
+    from specdec_edu.generate import OLDEST_TORCH
+
+    assert _by_name(_pyproject()["dependencies"])["torch"] == SpecifierSet(f">={OLDEST_TORCH}")
+
+
 def test_conda_python_satisfies_requires_python():
     conda, _ = _environment()
     python = next(d for d in conda if d.startswith("python"))
