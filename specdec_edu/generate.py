@@ -102,19 +102,23 @@ def check_draft_head(rows: int, target) -> None:
         )
 
 
-# The oldest torch that compiles transformers 5's models: 2.6's dynamo stops at their output wrapper
+# The oldest torch that compiles transformers 5.25's models: 2.6's dynamo stops at their output wrapper
 # ("Unsupported: call_method GetAttrVariable(GetSetDescriptorVariable(), co_varnames) __contains__"), so every
 # compiled cache fell back to eager there; 2.7.1 passes the whole test suite. pyproject.toml's floor.
 OLDEST_TORCH = "2.7"
 
 
 def old_torch_hint(version: str | None = None) -> str:
-    """`` (torch X is older than OLDEST_TORCH …: pip install -U torch)`` if the installed torch is, else ``""``.
-    Only an install that skipped pyproject.toml's floor (``--no-deps``, a pinned environment) meets it."""
-    from packaging.version import Version
+    """``"; torch X is older than OLDEST_TORCH, …: pip install -U torch"`` if the installed torch (or ``version``)
+    is, else ``""``. Only an install that skipped pyproject.toml's floor (``--no-deps``, a pinned environment)
+    meets it. A version string packaging cannot read gets no hint: the warning it joins must still be raised."""
+    from packaging.version import InvalidVersion, Version
 
     version = str(torch.__version__) if version is None else version
-    if Version(version).release >= Version(OLDEST_TORCH).release:
+    try:
+        if Version(version).release >= Version(OLDEST_TORCH).release:
+            return ""
+    except InvalidVersion:
         return ""
     return (f"; torch {version} is older than {OLDEST_TORCH}, the oldest that compiles these models: "
             "pip install -U torch")

@@ -137,13 +137,14 @@ def test_a_compiler_failure_runs_eager_and_says_why():
 
 
 def test_a_torch_older_than_the_floor_is_named_with_its_fix(monkeypatch):
-    """torch 2.6 cannot compile transformers 5's models (dynamo stops at their output wrapper), and every compiled
+    """torch 2.6 cannot compile transformers 5.25's models (dynamo stops at their output wrapper), and every compiled
     cache then fell back to eager. pyproject.toml's floor keeps pip from installing it; an environment that skipped
     the floor gets the fix in the fallback's warning. With the torch installed here (≥ the floor) there is none."""
     from specdec_edu.generate import OLDEST_TORCH, old_torch_hint
 
     assert old_torch_hint() == "" and old_torch_hint(OLDEST_TORCH + ".0") == ""
     assert old_torch_hint("2.10.0") == "" and old_torch_hint("2.15.0+cu130") == ""  # not a string comparison
+    assert old_torch_hint("a custom build") == ""  # unreadable: no hint, and no error inside the fallback
     target = tiny_llama(seed=0)
     with pytest.warns(UserWarning) as caught:
         autoregressive_generate(target, PROMPT, max_new_tokens=4, compile=True,
