@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from . import kv
-from .drafters import ModelDrafter, draft_loop
+from .drafters import ModelDrafter, draft_loop, reduced_head
 from .models.shapes import head_rows, max_positions, sliding_window
 from .result import GenerationResult, GenerationStats, PhaseClock, RoundRecorder
 from .round import round_gamma, speculative_round
@@ -76,7 +76,7 @@ class Batch:
             out, self.draft_mask = _masked_forward(model, self.draft_cache, self.draft_mask, ids, new_mask, logits_to_keep=1)
             return out.logits[:, -1]
         out, self.draft_mask = _masked_forward(model.get_decoder(), self.draft_cache, self.draft_mask, ids, new_mask)
-        return F.linear(out.last_hidden_state[:, -1], model.get_output_embeddings().weight[:head_size])
+        return reduced_head(model, out.last_hidden_state[:, -1], head_size)
 
     def draft_step(self, x: torch.Tensor) -> torch.Tensor:
         """Feed each row its draft ``x [B]`` (finished rows: masked); logits ``[B, V']`` for the next draft."""
@@ -86,6 +86,8 @@ class Batch:
         """Drafts ``[B, γ]`` and q ``[B, γ, V]``: the draft reads what it has not, then drafts γ tokens per row."""
         logits = self.draft_logits(*self.unread)
         drafts, q = draft_loop(logits, gamma_round, self.config.to_probs, self.generator, self.draft_step)
+        # NaN in q means NaN/inf draft logits (to_probs makes greedy rows NaN too): read with the round's decision
+        self.q_not_finite = ~torch.isfinite(q).all()
         return drafts, F.pad(q, (0, self.vocab_size - q.shape[-1]))  # q = 0 on ids the draft's head lacks
 
     def verify(self, drafts: torch.Tensor) -> torch.Tensor:
@@ -98,11 +100,13 @@ class Batch:
         return out.logits
 
     def read_and_check(self, decision: torch.Tensor, drafts: torch.Tensor, logits: torch.Tensor):
-        """One copy to the host: every row's decision and drafts, and the NaN flag; raises on the flag."""
-        nonfinite = (~torch.isfinite(logits).all()).view(1).long()
+        """One copy to the host: every row's decision and drafts, and the NaN flags (target, draft); raises on a flag."""
+        nonfinite = torch.stack([~torch.isfinite(logits).all(), self.q_not_finite]).long()
         host = torch.cat([decision.flatten(), drafts.flatten(), nonfinite]).tolist()
-        if host[-1]:
+        if host[-2]:
             raise nonfinite_logits_error("target")
+        if host[-1]:
+            raise nonfinite_logits_error("draft model")
         B, gamma_round = drafts.shape
         n, next_token = host[0 : 2 * B : 2], host[1 : 2 * B : 2]
         drafts_host = [host[2 * B + i * gamma_round : 2 * B + (i + 1) * gamma_round] for i in range(B)]

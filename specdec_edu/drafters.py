@@ -234,7 +234,7 @@ class ModelDrafter:
         out = kv.forward_cached(self._net, ids, self.cache, **self._net_kwargs)
         if self.head_size is None:
             return out.logits[0, -1]
-        return F.linear(out.last_hidden_state[0, -1], self.model.get_output_embeddings().weight[: self.head_size])
+        return reduced_head(self.model, out.last_hidden_state[0, -1], self.head_size)
 
     def next_logits(self, new_tokens: torch.Tensor) -> torch.Tensor:
         """Append ``new_tokens`` ``[n]`` (host or device) to the cache; logits ``[V']`` for the token after them."""
@@ -278,6 +278,15 @@ class ModelDrafter:
         tokens, q = draft_loop(logits, gamma, to_probs, generator, self.next_logits)
         self.last_context, self.n_draft_cached = context, gamma - 1
         return tokens, q
+
+
+def reduced_head(model: torch.nn.Module, hidden: torch.Tensor, head_size: int) -> torch.Tensor:
+    """Logits ``[..., head_size]`` from hidden states ``[..., d]``: the first ``head_size`` rows of ``model``'s
+    output head, its bias included. (A transform after the head, such as Gemma 2's soft-capping, is not applied:
+    exactness does not mind, since q is what was sampled, but α may fall.)"""
+    head = model.get_output_embeddings()
+    bias = getattr(head, "bias", None)
+    return F.linear(hidden, head.weight[:head_size], None if bias is None else bias[:head_size])
 
 
 def check_draft_can_read(model: torch.nn.Module, tokens: torch.Tensor) -> None:

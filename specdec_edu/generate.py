@@ -66,6 +66,15 @@ def validate_prompts(target, input_ids, attention_mask, generator):
             f"the prompt has {longest_prompt} tokens but the target handles at most {max_pos} positions "
             "(config.max_position_embeddings), and a new token needs one more: shorten the prompt."
         )
+    embeddings = getattr(target, "get_input_embeddings", None)  # a wrapper may lack it: then the config's vocabulary
+    rows = embeddings().num_embeddings if embeddings is not None else getattr(target.config, "vocab_size", None)
+    low, high = int(input_ids.min()), int(input_ids.max())  # once per call, padding included: every slot is embedded
+    if rows is not None and (low < 0 or high >= rows):
+        raise ValueError(
+            f"input_ids hold token id {low if low < 0 else high}, but the target's embedding has rows 0..{rows - 1} "
+            "only (on a GPU the lookup would stop the process): pad with tokenizer.pad_token_id, not a negative id, "
+            "and after adding tokens to the tokenizer call model.resize_token_embeddings(len(tokenizer))."
+        )
     check_generator(generator, target.device)
     return input_ids.to(target.device), attention_mask.to(target.device)
 
@@ -132,14 +141,12 @@ def compiled_or_eager(make_compiled, make_eager, role: str):
     try:
         return make_compiled()
     except Exception as exc:  # noqa: BLE001 (any compiler failure: the eager path needs no compiler)
-        root = exc  # dynamo wraps the compiler's own error (BackendCompilerFailed, InductorError): name that one
-        for _ in range(8):  # a short chain; never loop on a cycle
-            root = root.__cause__ or getattr(root, "inner_exception", None) or root
-        first_line = (str(root).strip().splitlines() or [""])[0][:200]
+        root, cause = kv.root_cause(exc)  # dynamo wraps the compiler's own error: name that one
         via = f"{type(exc).__name__} from " if root is not exc else ""
-        warnings.warn(f"compiling the {role} failed ({via}{type(root).__name__}: {first_line}), so the {role} "
-                      f"runs eager{old_torch_hint()}.", stacklevel=4)
-        return make_eager()
+        del root  # it holds frames, and they the half-built cache: let it go before the eager path runs
+        warnings.warn(f"compiling the {role} failed ({via}{cause}), so the {role} runs eager{old_torch_hint()}.",
+                      stacklevel=4)
+    return make_eager()  # outside the handler: the exception, and the half-built cache its frames hold, are gone
 
 
 def propose_checked(drafter, context, gamma, to_probs, generator, device, vocab_size):
@@ -188,9 +195,12 @@ def raise_for_errors(errors: RoundErrors, drafter) -> None:
     if errors.logits_not_finite:
         raise nonfinite_logits_error("target")
     if errors.q_not_a_distribution:
+        if isinstance(drafter, ModelDrafter):  # its q is to_probs(the draft model's logits): only NaN/inf logits break it
+            raise nonfinite_logits_error("draft model")
         raise ValueError(f"{type(drafter).__name__}.propose returned a q that is not a probability distribution "
                          "(NaN/inf, negative, or rows that do not sum to 1): return the probabilities the tokens were "
-                         "sampled from, e.g. to_probs(logits).")
+                         "sampled from, e.g. to_probs(logits); if it drafts with a model, that model's logits may have "
+                         "overflowed (NaN/inf: run it in float32).")
     if errors.token_outside_q:
         raise ValueError(f"{type(drafter).__name__}.propose returned a token outside its q's support (q(x) = 0 or an id "
                          "outside the vocabulary): q must be the distribution each token was actually drawn from.")

@@ -38,6 +38,8 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
+import time
 import types
 import weakref
 from collections.abc import Callable
@@ -318,12 +320,19 @@ class StaticKV:
         (``mode="reduce-overhead"``) each width runs twice: the first call of a compiled function only warms it up
         (eagerly, in inductor's cudagraph trees), and the graph is recorded at the second."""
         calls = 2 if self.compile_options.get("mode") in ("reduce-overhead", "max-autotune") else 1
+        started, say = time.perf_counter(), announces_compiling(self.device)
+        if say:  # minutes of silence on Colab's two CPUs would look like a hang
+            millions = sum(p.numel() for p in model.parameters()) / 1e6
+            print(f"compiling {type(model).__name__} ({millions:,.0f} M parameters) for input widths "
+                  f"{', '.join(map(str, self.widths))}: once per model, minutes on two CPUs ...", file=sys.stderr, flush=True)
         for width in self.widths:
             n = min(width, self.max_len)  # a cache shorter than a width still runs it: the padded tail has spare slots
             for _ in range(calls):
                 self.write(self.compiled_step(model, width), model, torch.zeros(1, width, dtype=torch.long,
                                                                                 device=self.device), n)
                 self.rollback(n)
+        if say:
+            print(f"... compiled in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
 
     def write(self, step: Callable, model: torch.nn.Module, input_ids: torch.Tensor, n: int, **kwargs):
         """``step(model, input_ids [1, w], self, positions [w], **kwargs)`` at the next w positions (w = the input's
@@ -458,6 +467,12 @@ def forward_compiled(model: torch.nn.Module, input_ids: torch.Tensor, static: St
     return out
 
 
+def announces_compiling(device: torch.device) -> bool:
+    """Does compiling a cache on ``device`` print a line when it starts and when it ends? Off the CPU (a GPU: the
+    course's compiled path, where compiling takes minutes); on the CPU only tests compile, in seconds."""
+    return device.type != "cpu"
+
+
 _shared: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {role: its compiled StaticKV}
 
 
@@ -482,18 +497,30 @@ def shared_static_cache(model: torch.nn.Module, min_len: int, compile_options: d
     static, options = caches.get(role), full_compile_options(model.device, compile_options)
     failed = caches.get((role, "failed"))
     if failed is not None and failed[0] == options:  # compiling these options failed once: fail fast, not minutes later
-        raise RuntimeError(f"compiling this {role} failed before with these options (not retried)") from failed[1]
+        raise RuntimeError(f"failed before with these options, not retried: {failed[1]}")
     if static is None or static.max_len < min_len or static.compile_options != options:
         try:
             static = new_static_cache(model, max(256, 1 << (min_len - 1).bit_length()), compile=True,
                                       compile_options=compile_options)
         except Exception as exc:  # noqa: BLE001 (a compiler failure; the caller decides to run eager)
-            caches[(role, "failed")] = (options, exc)
+            # Remembered as its message only: the exception holds frames (dynamo's keeps the frame it compiled), and
+            # they the half-built cache, whose K/V would stay on the GPU for as long as the model lives.
+            caches[(role, "failed")] = (options, root_cause(exc)[1])
             raise
         caches[role] = static
     static.rollback(static.length)
     static.holder = None
     return static
+
+
+def root_cause(exc: BaseException) -> tuple[BaseException, str]:
+    """The error at the bottom of ``exc``'s short chain (dynamo wraps the compiler's own error: BackendCompilerFailed,
+    InductorError) and ``"Type: its first line"`` (200 characters at most)."""
+    root = exc
+    for _ in range(8):  # a short chain; never loop on a cycle
+        root = root.__cause__ or getattr(root, "inner_exception", None) or root
+    first_line = (str(root).strip().splitlines() or [""])[0][:200]
+    return root, f"{type(root).__name__}: {first_line}"
 
 
 def existing_static_cache(model: torch.nn.Module, min_len: int, role: str = "target") -> StaticKV | None:

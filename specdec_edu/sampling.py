@@ -10,6 +10,7 @@ reduces to "accept the draft token iff it equals the target's argmax".
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -17,6 +18,9 @@ import torch
 
 def check_sampling_args(temperature: float, top_k: int, top_p: float) -> None:
     """Raise ``ValueError`` (naming the fix) for sampling settings that make no sense."""
+    if not math.isfinite(temperature):  # NaN passes `< 0`, then every p is NaN and the sampler returns token 0 forever
+        raise ValueError(f"temperature={temperature} is not finite: use a finite temperature > 0 to sample, "
+                         "or temperature=0 (do_sample=False) for greedy decoding.")
     if temperature < 0:
         raise ValueError(
             f"temperature={temperature} is negative: use temperature > 0 to sample, "
@@ -51,7 +55,11 @@ def logits_to_probs(
     logits = logits.double() if logits.dtype == torch.float64 else logits.float()
 
     if temperature == 0:  # greedy: all the mass on the argmax (ties: the first, like torch.argmax)
-        return torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+        one_hot = torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+        # argmax picks NaN or +inf (an overflowed forward) as if it were a token: make such a row NaN instead, so the
+        # checks that run without a sync (q is a distribution; the batched loop's flag) see it, as when sampling.
+        overflowed = (torch.isnan(logits) | torch.isposinf(logits)).any(-1, keepdim=True)
+        return one_hot.masked_fill(overflowed, float("nan"))
 
     logits = logits / temperature
     if top_k > 0:
@@ -71,8 +79,9 @@ def logits_to_probs(
 
 def nonfinite_logits_error(who: str) -> ValueError:
     """The error for NaN/inf logits (an overflowed forward pass), naming the fix."""
-    return ValueError(f"the {who} produced NaN or inf logits: its forward pass overflowed. "
-                      "Run it in float32 (dtype=torch.float32), or check its weights.")
+    return ValueError(f"the {who} produced NaN or inf logits: its forward pass overflowed. Run it in float32: "
+                      "load_pair(PAIR, dtype=torch.float32), or SPECDEC_EDU_DTYPE=fp32 set before the models load "
+                      "(the notebooks' setup cell reads it); or check its weights.")
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -117,6 +126,9 @@ class GenerationConfig:
     def __post_init__(self):
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={self.max_new_tokens}: ask for at least 1 new token.")
+        if self.pad_token_id is None:  # found only after the whole generation, when the result is padded
+            raise ValueError("pad_token_id=None: give an int, the id that fills rows that end early (a tokenizer "
+                             "without a pad token: pad_token_id=tokenizer.eos_token_id).")
         check_sampling_args(self.temperature, self.top_k, self.top_p)
 
     @property

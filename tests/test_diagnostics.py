@@ -171,3 +171,23 @@ def test_the_spread_is_measured_on_the_compiled_path_once_a_generation_compiled_
     autoregressive_generate(model, PROMPT, max_new_tokens=4, compile=True,
                             compile_options={"backend": width_dependent_backend})
     assert 0.009 < logit_spread(model, context, gamma=4) < 0.02
+
+
+def shifted_backend(gm, example_inputs):
+    """A compiler whose every width rounds 0.03 away from eager (compiled kernels fuse and round differently):
+    one-token and multi-token compiled forwards agree with each other, not with eager ones."""
+    def run(*args):
+        outputs = gm(*args)
+        return type(outputs)(o + 0.03 if isinstance(o, torch.Tensor) and o.is_floating_point() and o.dim() == 3
+                             and o.shape[-1] == 64 else o for o in outputs)
+    return run
+
+
+def test_the_spread_covers_eager_against_compiled():
+    """``first_divergence`` reads the margin from an eager forward, while the outputs it explains came from
+    compiled kernels: the reach must include how far those two paths sit apart. Before: the spread compared widths
+    within each path only, 0 here, and a flip inside the compiled path's reach could be called a bug."""
+    model = tiny_llama(seed=4)
+    context = torch.cat([PROMPT[0], torch.arange(10, 22)])
+    autoregressive_generate(model, PROMPT, max_new_tokens=4, compile=True, compile_options={"backend": shifted_backend})
+    assert 0.029 < logit_spread(model, context, gamma=4) < 0.04

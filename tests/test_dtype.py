@@ -136,6 +136,31 @@ def test_a_compiler_failure_runs_eager_and_says_why():
     assert base.sequences.tolist() == eager.sequences.tolist() and not base.stats.compiled
 
 
+def test_a_compiler_failure_frees_the_half_built_cache():
+    """After the fallback, no compiled cache of the failed compile is alive: the remembered failure and the warning
+    keep no frames. Before: the stored exception's traceback held the half-built ``StaticKV`` and its K/V (on a GPU,
+    memory held for as long as the model lived)."""
+    import gc
+    import warnings
+
+    from specdec_edu import kv
+
+    def alive():
+        gc.collect()
+        with warnings.catch_warnings():  # isinstance on every object touches torch's deprecated aliases
+            warnings.simplefilter("ignore", FutureWarning)
+            return sum(isinstance(o, kv.StaticKV) for o in gc.get_objects())
+
+    before, target = alive(), tiny_llama(seed=0)
+    with pytest.warns(UserWarning, match="compiling the target failed"):
+        out = autoregressive_generate(target, PROMPT, max_new_tokens=4, compile=True,
+                                      compile_options={"backend": failing_backend})
+    assert not out.stats.compiled and alive() == before
+    with pytest.warns(UserWarning, match="compiling the target failed.*requires .target sm_80"):  # the remembered one
+        autoregressive_generate(target, PROMPT, max_new_tokens=4, compile=True, compile_options={"backend": failing_backend})
+    assert alive() == before
+
+
 def test_a_torch_older_than_the_floor_is_named_with_its_fix(monkeypatch):
     """torch 2.6 cannot compile transformers 5.25's models (dynamo stops at their output wrapper), and every compiled
     cache then fell back to eager. pyproject.toml's floor keeps pip from installing it; an environment that skipped
@@ -209,3 +234,18 @@ def test_the_dtype_line_explains_the_dtype_in_use(gpu, monkeypatch, capability, 
     monkeypatch.delenv("SPECDEC_EDU_DTYPE", raising=False)
     line = dtype_reason(gpu(*capability), dtype)
     assert says in line and "so fp16" not in line.replace("but fp16 was chosen", "")
+
+
+def test_compiling_on_a_gpu_says_so_when_it_starts_and_ends(monkeypatch, capsys):
+    """Compiling the widths takes minutes on Colab's two CPUs: off the CPU a line says it started (the model, its
+    size, the widths) and one says how long it took, on stderr. Before: minutes of silence in the first cell that
+    generated. On the CPU (tests only compile there) nothing is printed."""
+    from specdec_edu import kv
+
+    assert kv.announces_compiling(torch.device("cuda")) and not kv.announces_compiling(torch.device("cpu"))
+    kv.new_static_cache(tiny_llama(seed=0), 32, compile=True, compile_options={"backend": "aot_eager"})
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(kv, "announces_compiling", lambda device: True)
+    kv.new_static_cache(tiny_llama(seed=0), 32, compile=True, compile_options={"backend": "aot_eager"})
+    err = capsys.readouterr().err
+    assert "compiling LlamaForCausalLM (0 M parameters) for input widths 1, 8, 16" in err and "compiled in" in err

@@ -41,6 +41,8 @@ def test_vocabulary_mismatch(target):
         (dict(do_sample=True, top_p=1.2), "top_p=1.0"),
         (dict(do_sample=True, temperature=-0.5), "temperature=0"),
         (dict(do_sample=True, top_k=-3), "top_k=0"),
+        (dict(do_sample=True, temperature=float("nan")), "finite temperature"),
+        (dict(pad_token_id=None), "pad_token_id=tokenizer.eos_token_id"),  # was a TypeError after the whole generation
     ],
 )
 def test_bad_arguments(target, draft, kwargs, fix):
@@ -53,6 +55,20 @@ def test_empty_prompt(target, draft):
         spec(target, draft, ids=torch.zeros(1, 0, dtype=torch.long))
     with pytest.raises(ValueError, match="non-empty"):
         autoregressive_generate(target, torch.zeros(1, 0, dtype=torch.long), max_new_tokens=3)
+
+
+@pytest.mark.parametrize("bad_id", [64, -1])  # the tiny models' vocabulary is 0..63
+def test_prompt_ids_outside_the_embedding(target, draft, bad_id):
+    """An id the target has no embedding row for (a tokenizer with added tokens and no resize; padding with -1), in a
+    prompt and in a batch's padding, speculative and target-only. Before: a bare IndexError here (on a GPU, a
+    device-side assert that stops the process), or, with the id last, an error blaming the target's output."""
+    prompt, batch = torch.tensor([[1, 2, bad_id]]), torch.tensor([[bad_id, 2, 3], [4, 5, 6]])
+    mask = torch.tensor([[0, 1, 1], [1, 1, 1]])
+    for run in (lambda ids, **kw: spec(target, draft, ids, **kw),
+                lambda ids, **kw: autoregressive_generate(target, ids, max_new_tokens=3, **kw)):
+        for ids, kw in ((prompt, {}), (batch, {"attention_mask": mask})):
+            with pytest.raises(ValueError, match=f"token id {bad_id}.*resize_token_embeddings"):
+                run(ids, **kw)
 
 
 def test_batch_needs_a_draft_model_and_left_padding(target, draft):
@@ -77,10 +93,23 @@ def test_nan_logits(draft):
         broken.lm_head.weight.fill_(float("nan"))
     for ids in (IDS, IDS.repeat(2, 1)):
         for sampled in (False, True):
-            with pytest.raises(ValueError, match="float32"):
+            with pytest.raises(ValueError, match="the target produced.*float32"):
                 spec(broken, draft, ids, do_sample=sampled)
             with pytest.raises(ValueError, match="float32"):
                 autoregressive_generate(broken, ids, max_new_tokens=4, do_sample=sampled)
+
+
+def test_nan_draft_logits_name_the_draft_model(target):
+    """A draft model whose forward overflows (an fp16 draft on a GPU), greedy and sampled, one prompt and a batch:
+    the error names the draft model and float32. Before: sampled, it blamed ModelDrafter.propose for returning a q
+    that is not a distribution; greedy, argmax made a valid one-hot of the NaN row, and α fell to 0 in silence."""
+    broken = tiny_llama(seed=1)
+    with torch.no_grad():
+        broken.lm_head.weight.fill_(float("nan"))
+    for ids in (IDS, IDS.repeat(2, 1)):
+        for sampled in (False, True):
+            with pytest.raises(ValueError, match="the draft model produced NaN or inf logits.*float32"):
+                spec(target, broken, ids, do_sample=sampled)
 
 
 def test_generator_on_wrong_device(target, draft):

@@ -38,6 +38,39 @@ def test_a_round_that_does_not_crop_fails_with_a_position(target, draft, capsys)
     assert "FAIL: first divergent position" in out and "crop the rejected drafts" in out
 
 
+def scripted_round(script):
+    """A round that emits ``script``'s tokens one per round, keeping the cache as a round must (all but the newest)."""
+    def round_fn(target, draft, cache, context, gamma):
+        kv.forward_cached(target, context[None, -1:], cache)
+        return [int(script[len(context) - len(PROMPT)])]
+    return round_fn
+
+
+def test_a_16_bit_near_tie_passes_and_a_large_margin_fails(capsys):
+    """bf16 (a GPU's dtype): rounds that flip the target's token where its top-2 margin is one rounding step pass,
+    saying so; a flip at the largest margin fails. The reference is eager, like the rounds. Before: any flip
+    printed FAIL, and on a GPU a correct solution could (a compiled reference, eager rounds, bf16)."""
+    from conftest import tiny_llama
+
+    from specdec_edu import autoregressive_generate
+    from specdec_edu.course.diagnostics import rounding_step
+
+    model = tiny_llama(seed=0).to(torch.bfloat16)
+    reference = autoregressive_generate(model, PROMPT, max_new_tokens=20, compile=False).row(0)
+    with torch.no_grad():
+        top2 = model(torch.cat([PROMPT, reference])[None]).logits[0, len(PROMPT) - 1 : -1].float().topk(2)
+    margins = top2.values[:, 0] - top2.values[:, 1]
+    steps = [rounding_step(float(top), torch.bfloat16) for top in top2.values[:, 0]]
+    one = next(i for i, (m, st) in enumerate(zip(margins, steps)) if float(m) == st)  # a one-step margin
+    for position, passes in ((one, True), (int(margins.argmax()), False)):
+        script = reference.clone()
+        first, second = top2.indices[position].tolist()
+        script[position] = second if first == int(reference[position]) else first  # the other of the top two
+        assert check_speculative_round(scripted_round(script), model, None, PROMPT, max_new_tokens=20) is passes
+        out = capsys.readouterr().out
+        assert ("PASS (up to rounding)" in out and "near-tie" in out) if passes else "FAIL: first divergent" in out
+
+
 def test_unwritten_and_malformed_rounds(target, draft, capsys):
     assert check_speculative_round(lambda *args: NotImplemented, target, draft, PROMPT) is None
     assert "not written yet" in capsys.readouterr().out

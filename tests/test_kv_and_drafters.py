@@ -126,6 +126,32 @@ def test_reduced_head_drafter(target, close_draft, generator):
     assert out.sequences.tolist() == ref.tolist()
 
 
+def test_reduced_head_keeps_the_heads_bias(close_draft, generator):
+    """A draft whose lm_head has a bias, with a reduced head as wide as the vocabulary: q is the model's own softmax,
+    one prompt and a batch. Before: the reduced head multiplied by the weight rows only (TV to the model's q 0.79)."""
+    import copy
+
+    from specdec_edu.batched import Batch
+    from specdec_edu.sampling import GenerationConfig
+
+    biased = copy.deepcopy(close_draft)
+    head = biased.lm_head
+    biased.lm_head = torch.nn.Linear(head.in_features, head.out_features, bias=True)
+    with torch.no_grad():
+        biased.lm_head.weight.copy_(head.weight)
+        biased.lm_head.bias.copy_(torch.randn(head.out_features, generator=torch.Generator().manual_seed(0)))
+    to_probs = lambda logits: logits_to_probs(logits)
+    context = torch.tensor([1, 2, 3])
+    tokens, q = ModelDrafter(biased, head_size=64).propose(context, 2, to_probs, generator)
+    assert_q_is_the_draft_model(None, biased, context, tokens, q, to_probs)
+    config = GenerationConfig(max_new_tokens=4, do_sample=True)
+    batch = Batch(biased, ModelDrafter(biased, head_size=64), context.expand(2, -1), torch.ones(2, 3, dtype=torch.long),
+                  config, generator)
+    with torch.no_grad():
+        logits = batch.draft_logits(*batch.unread)  # [2, 64]: the first draft position of each row
+    torch.testing.assert_close(logits[0], full_logits(biased, context), rtol=1e-4, atol=1e-5)
+
+
 def test_prompt_lookup_finds_latest_match():
     drafter = PromptLookupDrafter(max_ngram=2)
     context = torch.tensor([1, 2, 3, 9, 9, 1, 2, 4, 5, 6, 1, 2])

@@ -27,6 +27,16 @@ def test_temperature_zero_is_one_hot_argmax():
     assert torch.equal(probs.sum(-1), torch.ones(4)) and set(probs.unique().tolist()) == {0.0, 1.0}
 
 
+def test_greedy_marks_an_overflowed_row_nan_without_a_sync():
+    """Unchecked (as the loops call it), greedy: a row with NaN or +inf logits comes back NaN, so the round's
+    device-side check sees a draft model's overflow; argmax alone made it a valid one-hot (α fell to 0 silently).
+    -inf is a masked token, not an overflow: that row stays one-hot."""
+    logits = torch.zeros(4, 5)
+    logits[0, 2], logits[1, 3], logits[2, 1] = float("nan"), float("inf"), float("-inf")
+    probs = logits_to_probs(logits, temperature=0, check_finite=False)
+    assert probs[:2].isnan().all() and torch.equal(probs[2:], torch.eye(5)[[0, 0]])
+
+
 def test_float64_is_kept():
     assert logits_to_probs(torch.zeros(3, dtype=torch.float64)).dtype == torch.float64
 
@@ -35,6 +45,8 @@ def test_float64_is_kept():
     "kwargs, fix",
     [
         (dict(temperature=-1.0), "temperature=0"),
+        (dict(temperature=float("nan")), "finite temperature"),  # NaN passed `< 0`: every token was id 0
+        (dict(temperature=float("inf")), "finite temperature"),
         (dict(top_k=-1), "top_k=0"),
         (dict(top_p=0.0), "top_p=1.0"),
         (dict(top_p=1.5), "top_p=1.0"),

@@ -8,7 +8,7 @@ That can only flip the argmax where the target's top two logits are (nearly)
 tied. So a divergence is explained by looking at the target's top-2 margin at
 the first position where the outputs differ: tiny (the size of a bf16 rounding
 step) means numerics, large means a bug. (The margin comes from a third forward, over
-the whole reference at once; near a tie all three agree that it is small.)
+the whole reference at once; ``logit_spread`` measures how far it, too, can sit from the other two.)
 
 ``check_same_output`` is the one comparison the notebooks use: identity in fp32, and in bf16/fp16 a
 divergence only where the target's margin is within what rounding can move (measured on this run by
@@ -106,30 +106,35 @@ def rounding_step(value: float, dtype: torch.dtype) -> float:
 
 @torch.no_grad()
 def logit_spread(target, context_ids, gamma: int = 4) -> float:
-    """How far rounding moves the target's logits between its two ways of scoring the same tokens.
+    """How far rounding moves the target's logits between its ways of scoring the same tokens.
 
-    The last γ + 1 tokens of ``context_ids`` (``[n]`` or ``[1, n]``, n > γ + 1) are scored twice after the
-    same cached prefix: one token per forward (as target-only decoding does) and all γ + 1 in one forward (as
-    a verify pass does). Returns the largest absolute difference between the two ``[γ + 1, V]`` logit
-    tables, in float32: about 0 in fp32, a rounding step or more in bf16/fp16. Measured eager, and also on
-    the target's compiled cache where a compiled generation made one (on a GPU, by default): compiled
-    kernels round differently from eager ones, and the outputs being compared came from them.
+    The last γ + 1 tokens of ``context_ids`` (``[n]`` or ``[1, n]``, n > γ + 1) are scored after the same
+    cached prefix one token per forward (as target-only decoding does) and all γ + 1 in one forward (as a
+    verify pass does): eager, and also on the target's compiled cache where a compiled generation made one (on
+    a GPU, by default), since the outputs being compared came from those kernels; and once more in one
+    cache-free forward over the whole context, the one ``first_divergence`` takes its margin from. Returns the
+    largest absolute difference between any two of these ``[γ + 1, V]`` logit tables, in float32: about 0 in
+    fp32, a rounding step or more in bf16/fp16. (Any two: a margin read eager must allow for the compiled
+    kernels' own rounding, as well as for the difference between widths.)
     """
     ids = _as_1d(context_ids, "context_ids").to(target.device)
     if len(ids) <= gamma + 1:
         raise ValueError(f"logit_spread needs more than γ + 1 = {gamma + 1} tokens of context, got {len(ids)}")
     caches = [kv.new_cache(target), kv.existing_static_cache(target, len(ids))]
-    return max(_spread_on(target, cache, ids, gamma) for cache in caches if cache is not None)
+    tables = [table for cache in caches if cache is not None for table in _tables_on(target, cache, ids, gamma)]
+    tables.append(target(input_ids=ids[None], use_cache=False, logits_to_keep=gamma + 1).logits[0])
+    stacked = torch.stack([table.float() for table in tables])  # [tables, γ + 1, V]
+    return float((stacked.amax(0) - stacked.amin(0)).max())
 
 
-def _spread_on(target, cache, ids, gamma: int) -> float:
-    """``logit_spread`` on one cache: the tail one token at a time, then rolled back and scored in one forward."""
+def _tables_on(target, cache, ids, gamma: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tail's logits ``[γ + 1, V]`` on one cache: one token at a time, then rolled back and in one forward."""
     prefix, tail = ids[None, : -(gamma + 1)], ids[None, -(gamma + 1):]
     kv.forward_cached(target, prefix, cache)
     single = torch.cat([kv.forward_cached(target, tail[:, i : i + 1], cache).logits[0] for i in range(gamma + 1)])
     kv.crop(cache, gamma + 1)
     verify = kv.forward_cached(target, tail, cache).logits[0]  # [γ + 1, V]
-    return float((single.float() - verify.float()).abs().max())
+    return single, verify
 
 
 def check_same_output(target, prompt_ids, reference_new, candidate_new, gamma: int = 4,
@@ -146,10 +151,10 @@ def check_same_output(target, prompt_ids, reference_new, candidate_new, gamma: i
       forward; they round differently, so a near-tie can flip. The difference is accepted when the target's
       margin between its top token and the candidate's token at the first divergence is at most twice the
       rounding reach, and raises otherwise. The reach is the ``spread`` (default: measured now with
-      ``logit_spread`` on the reference's context), but never less than one ``rounding_step`` of the top logit
-      there: the spread is measured at γ + 1 positions and can come out 0 (a CPU's bf16 kernels accumulate in
-      fp32), while the logits themselves are rounded to that step everywhere. Each of the two logits can move by
-      up to the reach, hence twice it.
+      ``logit_spread`` on the reference's context, across every path that scored it), but never less than one
+      ``rounding_step`` of the top logit there: the spread is measured at γ + 1 positions and can come out 0 (a
+      CPU's bf16 kernels accumulate in fp32), while the logits themselves are rounded to that step everywhere.
+      Each of the two logits can move by up to the reach, hence twice it.
 
     The returned dict: ``identical``, ``dtype``, ``divergence`` (``first_divergence``'s report or ``None``),
     ``spread``, ``step`` and ``tolerance`` (``None`` when not needed) and ``message``, one line to print.
@@ -175,7 +180,8 @@ def check_same_output(target, prompt_ids, reference_new, candidate_new, gamma: i
     reach = max(spread, step)
     report.update(spread=spread, step=step, tolerance=2 * reach)
     name = str(dtype).removeprefix("torch.")
-    reach_text = (f"the logits of a 1-token and a {gamma + 1}-token forward differ by up to {spread:.3g} here, and "
+    reach_text = (f"the target's logits from 1-token, {gamma + 1}-token and whole-context forwards differ by up to "
+                  f"{spread:.3g} here, and "
                   f"{name} rounds a logit of this size to steps of {step:.3g}")
     if margin > 2 * reach:
         raise OutputMismatch(f"not the target's output in {name}: {where}, and the candidate's token is "

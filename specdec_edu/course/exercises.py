@@ -104,14 +104,17 @@ def check_speculative_round(round_fn, target, draft, prompt_ids, *, gamma: int =
 
     Prints PASS, or FAIL with the first divergent position and any round that left the cache at the wrong
     length, and returns True / False; returns None (printing "not written yet") if ``round_fn`` returns
-    ``NotImplemented``.
+    ``NotImplemented``. In float32 PASS means identical token for token. A bf16/fp16 target can flip a near-tie
+    between the reference's 1-token forwards and the rounds' (γ + 1)-token ones: such a divergence passes, saying
+    so, when ``check_same_output`` finds it within rounding's reach (a forgotten crop is far outside it).
     """
     from .. import kv
     from ..generate import autoregressive_generate
-    from .diagnostics import first_divergence
+    from .diagnostics import OutputMismatch, check_same_output, first_divergence
 
     prompt = torch.as_tensor(prompt_ids).flatten().to(target.device)
-    reference = autoregressive_generate(target, prompt, max_new_tokens=max_new_tokens).row(0).tolist()
+    # eager, like the rounds (DynamicCache): on a GPU a compiled reference would round differently again
+    reference = autoregressive_generate(target, prompt, max_new_tokens=max_new_tokens, compile=False).row(0).tolist()
     cache, context, new, wrong_cache, rounds = kv.new_cache(target), prompt, [], None, 0
     if len(prompt) > 1:
         kv.forward_cached(target, prompt[None, :-1], cache)  # prefill: the cache holds all but the last token
@@ -129,6 +132,14 @@ def check_speculative_round(round_fn, target, draft, prompt_ids, *, gamma: int =
             wrong_cache = (rounds, kv.cache_length(cache), len(context) - 1)
     new = new[:max_new_tokens]
     diverged = first_divergence(target, prompt, torch.tensor(reference), torch.tensor(new))
+    if diverged is not None and next(target.parameters()).dtype != torch.float32:
+        try:  # 16-bit: a flip within rounding's reach is numerics, not the round's fault
+            near_tie = check_same_output(target, prompt, torch.tensor(reference), torch.tensor(new), gamma=gamma)
+            if wrong_cache is None:
+                print(f"PASS (up to rounding): {near_tie['message']} (γ = {gamma})")
+                return True
+        except OutputMismatch:
+            pass
     if diverged is None and wrong_cache is None:
         print(f"PASS: {len(new)} tokens identical to the target's greedy decoding (γ = {gamma})")
         return True

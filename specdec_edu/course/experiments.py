@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import os
 import time
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -132,8 +133,11 @@ class ReplayDrafter:
     It drafts as it would (same forwards, same cache rollbacks) and its tokens
     are thrown away, so c is that drafter's measured cost while α stays the dial's (how
     ``scripts/gpu_check.py`` gets a known α from random-weight models).
-    If the context ever leaves the reference (possible only through floating-point ties),
-    the drafter proposes nothing and the target decodes that token alone: still exact.
+    If the context ever leaves the reference (possible only through floating-point ties: in bf16/fp16 the
+    verify pass can flip a near-tie that the reference's one-token steps did not), the drafter proposes nothing
+    from then on and the target decodes alone: still exact, but τ and the speedup then understate the dial's α.
+    It says so once per generation (a warning naming the token), and ``left_at`` keeps that token's index among
+    the context (``None`` while the context follows the reference).
     """
 
     def __init__(self, reference: torch.Tensor, noise: float, vocab_size: int, seconds_per_token: float = 0.0,
@@ -145,7 +149,7 @@ class ReplayDrafter:
         self.reference = reference.flatten().to(self.device)  # [n]: q is built from it, on the device
         self._reference_host = reference.flatten().cpu()  # [n]: compared with the loop's host context
         self.noise, self.vocab_size, self.seconds_per_token = noise, vocab_size, seconds_per_token
-        self._cost = cost_model
+        self._cost, self.left_at = cost_model, None
         if isinstance(cost_model, torch.nn.Module):  # a bare model: the drafter the real run would make of it
             from ..generate import as_drafter, resolve_compile
 
@@ -154,6 +158,7 @@ class ReplayDrafter:
             self._cost = as_drafter(cost_model, cost_model, compiled, compile_options, positions=len(self._reference_host) + 16)
 
     def reset(self) -> None:
+        self.left_at = None
         if self._cost is not None:
             self._cost.reset()
 
@@ -165,7 +170,9 @@ class ReplayDrafter:
     def propose(self, context, gamma, to_probs=None, generator=None):
         """Up to γ tokens ``[γ']`` after ``context`` ``[n]`` (host) and their q ``[γ', V]``, both on ``self.device``."""
         n = len(context)
-        if n >= len(self._reference_host) or not torch.equal(self._reference_host[:n], context):
+        if n < len(self._reference_host) and not torch.equal(self._reference_host[:n], context):
+            self._left_the_reference(context)
+        if n >= len(self._reference_host) or self.left_at is not None:
             return torch.empty(0, dtype=torch.long, device=self.device), torch.zeros(0, self.vocab_size, device=self.device)
         q = dial_q(self.reference[n : n + gamma], self.noise, self.vocab_size)  # a slice of a device tensor: no copy
         tokens = sample(q, generator)  # [γ']: one draw per row, where q is
@@ -176,6 +183,15 @@ class ReplayDrafter:
             greedy = lambda logits: logits_to_probs(logits, temperature=0, check_finite=False)  # noqa: E731
             self._cost.propose(context, len(tokens), greedy, None)
         return tokens, q
+
+    def _left_the_reference(self, context: torch.Tensor) -> None:
+        """Note (and say, once per generation) where ``context`` [n] (host) first differs from the reference."""
+        if self.left_at is None:
+            self.left_at = int((context != self._reference_host[: len(context)]).nonzero()[0])
+            warnings.warn(f"ReplayDrafter: the context left the reference at token {self.left_at} (in 16 bit, a "
+                          "near-tie that the verify pass flipped; or a prompt that is not the reference's): the target "
+                          "decodes the rest of this generation alone, so its τ and speedup understate the dial's α. "
+                          "Shorten the answer or run in float32.", stacklevel=3)
 
 
 class DynamicGammaDrafter:
