@@ -75,6 +75,30 @@ def test_batched_sampling_follows_target(small_vocab_pair):
     assert pvalue(batched_samples(target, draft, settings), exact_distribution(target, **settings)) > THRESHOLD
 
 
+# The batched baseline's samplers: the right one, and two that forget a warper (controls the same test must reject).
+BASELINE_SAMPLERS = {"warped": SETTINGS[1], "temperature_ignored": {**SETTINGS[1], "temperature": 1.0},
+                     "top_k_ignored": {**SETTINGS[1], "top_k": 0}}
+
+
+@pytest.mark.parametrize("sampler", BASELINE_SAMPLERS)
+def test_batched_target_only_sampling_follows_target(small_vocab_pair, sampler):
+    """The batched baseline (``autoregressive_generate`` on a batch) at T = 0.8 with top-3, as
+    test_target_only_sampling_passes_too checks the single-prompt one: 1,500 continuations of PROMPT drawn as 30
+    batches of 50 copies (seed 1), χ² against the enumerated distribution at level 1e-3. The same test must reject
+    a sampler that ignores the temperature (draws at T = 1, top-3) or top-k (T = 0.8, no top-k). Measured once over
+    seeds 0..4: the warped sampler's smallest p-value 0.27; temperature ignored, the largest 4e-18; top-k ignored, 0
+    (an outcome of probability 0 on every seed)."""
+    target, _ = small_vocab_pair
+    gen = torch.Generator().manual_seed(1)
+    samples = []
+    for _ in range(30):
+        out = autoregressive_generate(target, PROMPT.expand(50, -1), max_new_tokens=3, do_sample=True, generator=gen,
+                                      **BASELINE_SAMPLERS[sampler])
+        samples += [tuple(row) for row in out.new_tokens.tolist()]
+    p_value = pvalue(samples, exact_distribution(target, **SETTINGS[1]))
+    assert p_value > THRESHOLD if sampler == "warped" else p_value < THRESHOLD, p_value
+
+
 def test_batched_negative_control_is_rejected(small_vocab_pair):
     """Same batched test with the always-accept rule: must fail."""
     from specdec_edu.course.controls import accept_always

@@ -83,10 +83,12 @@ def drafter(pair):
 
 
 def generate_both(target, drafter, prompt, gamma, **kwargs):
-    """Speculative and target-only decoding, both compiled: their new tokens."""
+    """Speculative and target-only decoding, both compiled: their new tokens. Both must have run the compiled
+    target: a failed compile falls back to eager with only a warning, and the tokens would be the same."""
     spec = speculative_generate(target, drafter, prompt, max_new_tokens=24, gamma=gamma, compile=True,
                                 compile_options=COMPILE, **kwargs)
     base = autoregressive_generate(target, prompt, max_new_tokens=24, compile=True, compile_options=COMPILE, **kwargs)
+    assert (spec.stats.compiled, base.stats.compiled) == (True, True), "compiled (speculative, target-only)"
     return spec.row(0).tolist(), base.row(0).tolist()
 
 
@@ -136,12 +138,20 @@ def test_compiled_sampling_follows_the_target(small_compiled, rule):
     """test_sequence_exactness's χ² test (N_SAMPLES = 1,500 3-token continuations, seed 0, rejected at
     p < THRESHOLD = 1e-3, against the target's enumerated distribution at T = 0.6), with compiled draft
     and target: the rule passes, and the negative control (a broken rule that draws the bonus token
-    from the previous position's p) is rejected by the same test."""
+    from the previous position's p) is rejected by the same test. Every run must have run the compiled target
+    (``stats.compiled``): a failed compile falls back to eager with only a warning, and would pass the χ² too."""
     target, drafter = small_compiled
     broken = {} if rule == "correct" else {"accept_fn": BROKEN_RULES[rule]}
-    samples = sample_many(lambda g: speculative_generate(
-        target, drafter, SMALL_PROMPT, max_new_tokens=3, gamma=2, do_sample=True, generator=g, compile=True,
-        compile_options=COMPILE, **broken, **CONTROL_SETTINGS), seed=0)
+    compiled = []
+
+    def run(g):
+        out = speculative_generate(target, drafter, SMALL_PROMPT, max_new_tokens=3, gamma=2, do_sample=True, generator=g,
+                                   compile=True, compile_options=COMPILE, **broken, **CONTROL_SETTINGS)
+        compiled.append(out.stats.compiled)
+        return out
+
+    samples = sample_many(run, seed=0)
+    assert len(compiled) == len(samples) and all(compiled), f"{compiled.count(False)} of {len(compiled)} runs ran eager"
     p_value = pvalue(samples, exact_distribution(target, **CONTROL_SETTINGS))
     assert p_value > THRESHOLD if rule == "correct" else p_value < THRESHOLD
 

@@ -100,12 +100,23 @@ def negative_entry(q):
     return q
 
 
+def tail_zeroed(rows, vocab=64):
+    """Softmax rows whose least likely ids (1 % of the mass) were zeroed and NOT renormalised (a top-p that forgot
+    to rescale): each row sums to 0.990, off by ten times the 1e-3 that ``propose_checked`` allows."""
+    q = torch.softmax(torch.linspace(5, 0, vocab), -1)  # ids in decreasing probability
+    q[(q.flip(0).cumsum(0) <= 0.01).flip(0)] = 0  # the tail: the last 12 ids
+    assert abs(float(q.sum()) - 0.99) < 1e-4
+    return q.expand(rows, -1)
+
+
 @pytest.mark.parametrize(
     "drafter, message",
     [
         (BadDrafter([1, 2, 3, 4, 5, 6], uniform(6)), "asked for at most γ = 4"),
         (BadDrafter([1, 2], uniform(3)), "one q row per token"),
         (BadDrafter([1, 2], uniform(2) * 2), "not a probability distribution"),
+        (BadDrafter([1, 2], tail_zeroed(2)), "not a probability distribution"),  # rows sum to 0.99
+        (BadDrafter([1, 2], uniform(2) * 1.01), "not a probability distribution"),  # rows sum to 1.01
         (BadDrafter([1, 2], torch.full((2, 64), float("nan"))), "not a probability distribution"),
         (BadDrafter([1, 2], negative_entry(uniform(2))), "not a probability distribution"),
         (BadDrafter([1, 2], torch.nn.functional.one_hot(torch.tensor([5, 6]), 64).float()), "outside its q's support"),

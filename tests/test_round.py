@@ -49,6 +49,51 @@ def test_batched_row_stats_equal_the_prompt_alone(target, near_draft, gamma):
     assert same_floats(batch.alpha_per_position(gamma), alone.alpha_per_position(gamma))
 
 
+def test_batched_draft_q_is_each_rows_own_draft_model(target, near_draft, monkeypatch):
+    """Four DIFFERENT prompts (lengths 3, 5, 8, 13, left-padded), sampled at T = 1, γ = 3, 24 tokens (seed 0): in
+    every round, each generating row's q equals the draft model recomputed from scratch on that row's own context
+    (its prompt, what it emitted in the earlier rounds, then its drafts), to 1e-4. The rows accept different
+    numbers of drafts (0 to γ) in the same round, so the draft cache's mask and unread tokens (``Batch.roll_back``)
+    must be rolled back per row. A prompt batched with copies of itself cannot show this (every row has the same
+    n), and the tokens cannot either: the output stays the target's whatever q the draft conditioned on."""
+    from test_batched import left_pad
+
+    from specdec_edu import logits_to_probs
+    from specdec_edu.batched import Batch
+
+    rounds = []  # per round: drafts [B, γ'] and q [B, γ', V]
+    draft = Batch.draft
+
+    def recording(self, gamma_round):
+        drafts, q = draft(self, gamma_round)
+        rounds.append((drafts.clone(), q.clone()))
+        return drafts, q
+
+    monkeypatch.setattr(Batch, "draft", recording)
+    prompts = PROMPTS[2:6]
+    ids, mask = left_pad(prompts)
+    out = speculative_generate(target, near_draft, ids, attention_mask=mask, max_new_tokens=24, gamma=3, do_sample=True,
+                               generator=torch.Generator().manual_seed(0))
+    assert len(rounds) == out.stats.rounds
+    accepted = [s.accepted_per_round for s in out.row_stats]
+    assert any(len({row[k] for row in accepted if k < len(row)}) > 1 for k in range(len(rounds)))  # rows differ in n
+    assert {0, 3} <= {n for row in accepted for n in row}  # rejections at the first draft, and full acceptances
+    checked = 0
+    for i, prompt in enumerate(prompts):
+        emitted = 0
+        for k, ((drafts, q), new) in enumerate(zip(rounds, out.row_stats[i].tokens_per_round)):  # row i's rounds
+            context = torch.cat([prompt, out.row(i)[:emitted]])
+            emitted += new
+            if drafts.shape[1] == 0:
+                continue
+            with torch.no_grad():  # one pass over context + drafts[:-1]: the draft's distribution at every draft
+                logits = near_draft(torch.cat([context, drafts[i, :-1]])[None]).logits[0, len(context) - 1:]
+            torch.testing.assert_close(q[i], logits_to_probs(logits, temperature=1.0), rtol=1e-4, atol=1e-6,
+                                       msg=lambda m, i=i, k=k: f"row {i}, round {k}: {m}")
+            checked += 1
+    assert checked >= 20
+
+
 def test_batched_row_stats_add_up(target, close_draft):
     """Prompts of lengths 1–13 in one batch, sampling: every row's per-round lists add up to its counters."""
     from test_batched import left_pad

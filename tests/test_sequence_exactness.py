@@ -18,6 +18,10 @@ from specdec_edu.course.controls import BROKEN_RULES, MisreportedQDrafter
 # accept_always and residual_one_position_late < 1e-300. The correct rule on the same 5 seeds:
 # smallest p-value 0.14. (At T = 0.8 with top-k 3 the bonus control was rejected on only some
 # seeds: top-k leaves p_1 and p_2 too alike; at T = 1 the misreported q *is* the sampled q.)
+# At the truncated settings (SETTINGS[1:]), seeds 0..4: accept_always p = 0 on every seed (most of
+# its samples are outcomes of probability 0); resample_from_target (every sample possible: the χ²
+# itself must see it) at most 2e-28 at either setting. The baseline at T = 0.8 with top-k 3, seeds
+# 0..4: smallest p-value 0.34; the same sampler at T = 1 (the temperature ignored): largest 2e-12.
 PROMPT = torch.tensor([[1, 5, 2, 7]])
 N_SAMPLES = 1500  # continuations per run
 THRESHOLD = 1e-3  # χ² p-value level
@@ -92,14 +96,38 @@ def test_negative_controls_are_rejected(small_vocab_pair, control):
     assert pvalue(samples, exact_distribution(target, **CONTROL_SETTINGS)) < THRESHOLD
 
 
-def test_target_only_sampling_passes_too(small_vocab_pair):
-    """Sanity for the test itself: the baseline sampler passes it."""
+@pytest.mark.parametrize(
+    "settings, control",
+    [(SETTINGS[1], "accept_always"), (SETTINGS[2], "accept_always"), (SETTINGS[1], "resample_from_target")],
+    ids=["T0.8-top3-accept_always", "T1-topp0.9-accept_always", "T0.8-top3-resample_from_target"],
+)
+def test_negative_controls_are_rejected_at_the_truncated_settings(small_vocab_pair, settings, control):
+    """test_speculative_continuations_follow_target at its truncated settings (same sample size, seed and
+    level) with a broken rule: each must fail. accept_always emits drafts outside the target's top-k / top-p
+    (outcomes of probability 0); resample_from_target emits only possible outcomes, so the χ² itself must see
+    it (at top-k 3, where p_1 and p_2 are most alike; ~5 s, so not at top-p too: it is rejected there as well)."""
+    target, draft = small_vocab_pair
+    samples = sample_many(
+        lambda g: speculative_generate(target, draft, PROMPT, max_new_tokens=3, gamma=2, do_sample=True, generator=g,
+                                       accept_fn=BROKEN_RULES[control], **settings),
+        seed=0,
+    )
+    assert pvalue(samples, exact_distribution(target, **settings)) < THRESHOLD
+
+
+@pytest.mark.parametrize("sampler", ["warped", "temperature_ignored"])
+def test_target_only_sampling_passes_too(small_vocab_pair, sampler):
+    """Sanity for the test itself: the baseline sampler passes it (T = 0.8, top-k 3, seed 1), and the same
+    sampler drawing at T = 1 (a baseline that ignores the temperature; top-k kept, so every outcome is
+    possible) is rejected by the same test."""
     target, _ = small_vocab_pair
     settings = SETTINGS[1]
+    drawn = settings if sampler == "warped" else {**settings, "temperature": 1.0}
     base = sample_many(
-        lambda g: autoregressive_generate(target, PROMPT, max_new_tokens=3, do_sample=True, generator=g, **settings), seed=1
+        lambda g: autoregressive_generate(target, PROMPT, max_new_tokens=3, do_sample=True, generator=g, **drawn), seed=1
     )
-    assert pvalue(base, exact_distribution(target, **settings)) > THRESHOLD
+    p_value = pvalue(base, exact_distribution(target, **settings))
+    assert p_value > THRESHOLD if sampler == "warped" else p_value < THRESHOLD, p_value
 
 
 def test_one_impossible_outcome_fails_the_test_even_where_the_pool_has_room(small_vocab_pair):

@@ -79,8 +79,9 @@ def test_analytic_identity_rejects_broken_rules(rule):
 # ---- Monte-Carlo: run the real function many times --------------------------------------------
 # Every χ² test below: N_MC = 20,000 trials, the problem drawn with seed 42, the rule's generator
 # seeded 0, rejection at p < CHI2_THRESHOLD = 1e-3. Power, measured once over 5 (problem, rule)
-# seeds (42/0 and 1001..1004/1..4): every control rejected on every seed (5/5) at the token it breaks,
-# the largest such p-value 5e-27 (misreported q); the correct rule's smallest p-value 0.014 (15 tests).
+# seeds (42/0 and 1001..1004/1..4): every control rejected on every seed (5/5) at every token it breaks,
+# the largest such p-value 5e-27 at the first token (misreported q), 4e-14 at the second (misreported q;
+# resample_from_target 2e-74, accept_always 0); the correct rule's smallest p-value 0.014 (15 tests).
 
 N_MC = 20_000
 GAMMA = 2
@@ -121,15 +122,17 @@ def chi2_pvalue(samples, probs):
     return chisquare(counts, len(samples) * expected / expected.sum()).pvalue
 
 
-# Which emitted token each control gets wrong (γ = 2): (column of run_rule's output, position of p).
+# Which emitted tokens each control gets wrong (γ = 2): (column of run_rule's output, position of p) each.
 FIRST, SECOND, BONUS = (0, 0), (1, 1), (2, GAMMA)
+TOKEN_NAMES = {FIRST: "first", SECOND: "second", BONUS: "bonus"}
 BREAKS = {
-    "accept_always": FIRST,  # the first token follows q_0
-    "resample_from_target": FIRST,  # rejections resample p_0: the first token leans to q_0
-    "bonus_from_previous_position": BONUS,  # only the bonus is wrong (from p_1)
-    "residual_one_position_late": FIRST,  # a rejection of draft 0 emits a sample of position 1's residual
-    "misreported_q": FIRST,  # accepted with min(1, p/q_raw) though drawn from q
+    "accept_always": (FIRST, SECOND),  # the first two tokens follow q_0 and q_1
+    "resample_from_target": (FIRST, SECOND),  # rejections resample p_i: the token leans to q_i
+    "bonus_from_previous_position": (BONUS,),  # only the bonus is wrong (from p_1)
+    "residual_one_position_late": (FIRST,),  # a rejection of draft 0 emits a sample of position 1's residual
+    "misreported_q": (FIRST, SECOND),  # accepted with min(1, p/q_raw) though drawn from q
 }
+BROKEN_TOKENS = [(control, token) for control in sorted(BREAKS) for token in BREAKS[control]]
 
 
 @pytest.fixture(scope="module")
@@ -151,10 +154,11 @@ def test_correct_rule_emits_p(mc_problem, mc_runs, column, position):
     assert chi2_pvalue(tokens, mc_problem.p[position]) > CHI2_THRESHOLD
 
 
-@pytest.mark.parametrize("control", sorted(BREAKS))
-def test_negative_controls_are_rejected(mc_problem, mc_runs, control):
-    """The same χ² test, same trials and threshold, rejects every broken rule at the token it breaks."""
-    column, position = BREAKS[control]
+@pytest.mark.parametrize("control, token", BROKEN_TOKENS, ids=[f"{c}-{TOKEN_NAMES[t]}" for c, t in BROKEN_TOKENS])
+def test_negative_controls_are_rejected(mc_problem, mc_runs, control, token):
+    """The same χ² test, same trials and threshold, rejects every broken rule at every token it breaks: the
+    first, second and bonus columns of test_correct_rule_emits_p each have a control that must fail there."""
+    column, position = token
     assert chi2_pvalue(mc_runs[control][:, column], mc_problem.p[position]) < CHI2_THRESHOLD
 
 
