@@ -308,7 +308,7 @@ FIGURES: list[tuple[str, list]] = [
 CHECKED_SECTIONS = ["The course", "The embedded model pair", "Measured on this machine", "On a GPU", "What the code does",
                     "FAQ"]
 NOT_FIGURES = [
-    r"\d+(?:\.\d+)?[BM]\b", r"Qwen2\.5", r"SmolLM2-[\d.]+", r"torch 2\.13", r"transformers 5\.24",  # names, versions
+    r"\d+(?:\.\d+)?[BM]\b", r"Qwen2\.5", r"SmolLM2-[\d.]+", r"torch 2\.13", r"transformers 5\.2[45]",  # names, versions
     r"T = 0\.7", r"α ≈ 1, 0\.8, 0\.6, 0\.4", r"\| 0\.8 \|", r"1\.5×",  # settings and goals
     r"input-grounded 1\.3× HF's prompt lookup, open chat 1\.15× target-only",  # the suffix drafter's goals
     r"if its α is near 0\.8", r"Leviathan's formula at α = 0\.8",  # settings
