@@ -258,3 +258,22 @@ def test_links_out_of_the_notebooks_folder_are_absolute(path):
     relative = [f"cell {i}: {link}" for i, cell in enumerate(load(path)["cells"]) if cell["cell_type"] == "markdown"
                 for link in re.findall(r"\]\((\.\./[^)]*)\)", "".join(cell["source"]))]
     assert not relative, f"{path.name} links outside notebooks/ relatively:\n" + "\n".join(relative)
+
+
+# --- whose run the prose describes -------------------------------------------------------------------------------
+
+COMMITTED_RUN = "The prose around the outputs describes the committed run"
+CONCEPT = {"02", "03", "04", "05"}  # the embedded pair in fp32 on every device: their prose holds wherever they run
+
+
+@pytest.mark.parametrize("path", [p for p in NOTEBOOKS if p.name[:2] not in CONCEPT], ids=lambda p: p.stem)
+def test_a_notebook_that_measures_speed_says_whose_run_its_prose_describes(path):
+    """On a GPU the speed notebooks' outputs change (another pair, another device), while their prose and checks
+    describe the committed CPU run: each says so in its setup, before the first measurement, so that "here" is
+    read as that run and a learner's own printed numbers count where they differ. Before: sentences such as
+    notebook 06's "the draft is much cheaper (c well below 1)" read as claims about every device."""
+    cells = load(path)["cells"]
+    setup = next(i for i, c in enumerate(cells) if "".join(c["source"]).startswith("## Setup"))
+    first_code = next(i for i, c in enumerate(cells) if i > setup and c["cell_type"] == "code")
+    assert any(COMMITTED_RUN in "".join(c["source"]) for c in cells[setup:first_code]), \
+        f"{path.name}: its setup must say that the prose describes the committed run ({COMMITTED_RUN!r} ...)"
