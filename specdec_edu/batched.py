@@ -86,7 +86,7 @@ class Batch:
         """Drafts ``[B, γ]`` and q ``[B, γ, V]``: the draft reads what it has not, then drafts γ tokens per row."""
         logits = self.draft_logits(*self.unread)
         drafts, q = draft_loop(logits, gamma_round, self.config.to_probs, self.generator, self.draft_step)
-        # NaN in q means NaN/inf draft logits (to_probs makes greedy rows NaN too): read with the round's decision
+        # NaN in q means NaN/inf draft logits (greedy to_probs puts a NaN there too): read with the round's decision
         self.q_not_finite = ~torch.isfinite(q).all()
         return drafts, F.pad(q, (0, self.vocab_size - q.shape[-1]))  # q = 0 on ids the draft's head lacks
 

@@ -68,7 +68,7 @@ def validate_prompts(target, input_ids, attention_mask, generator):
         )
     embeddings = getattr(target, "get_input_embeddings", None)  # a wrapper may lack it: then the config's vocabulary
     rows = embeddings().num_embeddings if embeddings is not None else getattr(target.config, "vocab_size", None)
-    low, high = int(input_ids.min()), int(input_ids.max())  # once per call, padding included: every slot is embedded
+    low, high = torch.stack([input_ids.min(), input_ids.max()]).tolist()  # one read per call; padding too: it is embedded
     if rows is not None and (low < 0 or high >= rows):
         raise ValueError(
             f"input_ids hold token id {low if low < 0 else high}, but the target's embedding has rows 0..{rows - 1} "
