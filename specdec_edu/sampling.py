@@ -56,9 +56,9 @@ def logits_to_probs(
 
     if temperature == 0:  # greedy: all the mass on the argmax (ties: the first, like torch.argmax)
         top = logits.argmax(-1, keepdim=True)
-        # argmax picks NaN or +inf (an overflowed forward) as if it were a token; its mass, top − top + 1, is then NaN,
-        # not 1, so the checks that run without a sync (q is a distribution; the batched loop's flag) see the row,
-        # as when sampling. (Two small kernels per call, not a pass over the row: this runs once per drafted token.)
+        # argmax picks NaN or +inf (an overflowed forward) as if it were a token; its mass, value − value + 1, is then
+        # NaN, not 1, so the checks that run without a sync (q is a distribution; the batched loop's flag) see the row,
+        # as when sampling. (Three small kernels on one value per row, not a pass over it: this runs per drafted token.)
         value = logits.gather(-1, top)
         return torch.zeros_like(logits).scatter_(-1, top, value - value + 1)
 
