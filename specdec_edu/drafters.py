@@ -38,6 +38,7 @@ to get q_{i+1}, except after the last draft.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable
 from typing import Protocol
 
@@ -45,7 +46,7 @@ import torch
 import torch.nn.functional as F
 
 from . import kv
-from .models.shapes import max_positions
+from .models.shapes import head_rows, max_positions
 from .round import gamma_within
 from .sampling import sample
 
@@ -89,6 +90,40 @@ def tell_drafted_elsewhere(drafter) -> None:
     told = getattr(drafter, "drafted_elsewhere", None)
     if told is not None:
         told()
+
+
+def check_propose_args(context: torch.Tensor, gamma: int) -> None:
+    """Refuse what no drafter can draft from: ``context`` must be a non-empty 1-D tensor of token ids ``[n]``,
+    ``gamma`` a whole number ≥ 0. (``speculative_generate`` always passes such; a learner calling ``propose`` by hand
+    may not, and a ``[1, n]`` context or a negative γ would otherwise draft nothing, or the wrong tokens, in silence.)"""
+    if isinstance(gamma, bool) or not isinstance(gamma, numbers.Integral) or gamma < 0:
+        raise ValueError(f"gamma={gamma!r}: propose drafts up to gamma tokens, a whole number >= 0.")
+    if not isinstance(context, torch.Tensor) or context.dim() != 1 or not is_token_dtype(context.dtype):
+        shape = tuple(context.shape) if isinstance(context, torch.Tensor) else type(context).__name__
+        raise ValueError(f"context must be a 1-D tensor of token ids [n], got {shape} "
+                         f"{getattr(context, 'dtype', '')}: for a batch of one pass ids[0], and ids as integers "
+                         "(torch.long).")
+    if len(context) == 0:
+        raise ValueError("context is empty: a drafter drafts after at least one token (the prompt's).")
+
+
+def is_token_dtype(dtype: torch.dtype) -> bool:
+    """Can a tensor of ``dtype`` hold token ids? (integers; not bool, float or complex)."""
+    return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
+
+
+def check_draft_head(rows: int, target) -> None:
+    """Refuse a draft model whose head produces more token ids (``rows``) than the target's head.
+
+    Compare what the heads can produce, not config.vocab_size: a draft whose head is padded to fewer rows
+    than the target's is fine (q = 0 on the target's extra ids)."""
+    if rows > head_rows(target):
+        raise ValueError(
+            f"vocabulary mismatch: the draft's head produces {rows} token ids but the target's only "
+            f"{head_rows(target)}. Draft and target must share a tokenizer: pick a draft from the target's model "
+            "family (e.g. SmolLM2-135M for SmolLM2-1.7B), or use PromptLookupDrafter(). If the extra rows are only "
+            f"padding, cap the draft's head: ModelDrafter(draft, head_size={head_rows(target)})."
+        )
 
 
 # ---- the one drafting loop ----------------------------------------------------------------------
@@ -224,6 +259,10 @@ class ModelDrafter:
         self.last_context = torch.empty(0, dtype=torch.long)  # the context of the last propose, on the host
         self.n_draft_cached = 0  # drafts fed after last_context: γ − 1 after a propose
 
+    def check_target(self, target) -> None:
+        """Refuse a ``target`` whose head has fewer token ids than this drafter proposes (``check_draft_head``)."""
+        check_draft_head(self.head_size or head_rows(self.model), target)
+
     def drafted_elsewhere(self) -> None:
         """The last round was drafted by someone else: the tokens after ``last_context`` are not (all) the
         drafts this drafter fed, so none of those may be reused; the K/V of ``last_context`` itself still may."""
@@ -261,6 +300,7 @@ class ModelDrafter:
         """Draft γ' tokens after ``context`` ``[n]`` (host); returns tokens ``[γ']`` and q ``[γ', V']``.
 
         γ' = γ, or fewer where the draft model's own position limit leaves no room for γ."""
+        check_propose_args(context, gamma)
         context = context.cpu()  # the loop passes a host tensor already (a device one would cost a sync here)
         if self.static is not None and self.static.holder is not self._mark:
             self.reset()  # another ModelDrafter of this model used the shared cache since: none of its K/V are ours
@@ -338,6 +378,7 @@ class PromptLookupDrafter:
 
     def propose(self, context, gamma, to_probs=None, generator=None):
         """Tokens ``[γ']`` (γ' <= γ, maybe 0) and their one-hot q ``[γ', V']``."""
+        check_propose_args(context, gamma)
         tokens = self.lookup(context, gamma)
         width = int(tokens.max()) + 1 if len(tokens) else 1  # speculative_generate pads q to the full vocabulary
         return tokens, F.one_hot(tokens, width).float()

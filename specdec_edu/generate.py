@@ -22,6 +22,7 @@ Python ``if``. The context lives on the host, where drafters and stop checks rea
 
 from __future__ import annotations
 
+import numbers
 import os
 import warnings
 import weakref
@@ -31,7 +32,16 @@ import torch
 
 from . import kv
 from .batched import batched_autoregressive_generate, batched_speculative_generate
-from .drafters import Drafter, ModelDrafter, check_drafter_target, reset_drafter, to_device, wants_features
+from .drafters import (
+    Drafter,
+    ModelDrafter,
+    check_draft_head,
+    check_drafter_target,
+    is_token_dtype,
+    reset_drafter,
+    to_device,
+    wants_features,
+)
 from .models.shapes import head_rows, max_positions
 from .result import GenerationResult, GenerationStats, PhaseClock, RoundRecorder, stop_reason
 from .round import round_gamma, speculative_round
@@ -47,7 +57,7 @@ def validate_prompts(target, input_ids, attention_mask, generator):
         attention_mask = attention_mask[None] if attention_mask is not None and attention_mask.dim() == 1 else attention_mask
     if input_ids.dim() != 2 or input_ids.shape[-1] == 0 or input_ids.shape[0] == 0:
         raise ValueError(f"input_ids must be a non-empty [batch, n] LongTensor of token ids, got shape {tuple(input_ids.shape)}")
-    if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
+    if not is_token_dtype(input_ids.dtype):
         raise ValueError(f"input_ids of dtype {input_ids.dtype}: token ids are integers (a tokenizer's return_tensors='pt' "
                          "gives them as int64).")
     input_ids = input_ids.long()  # int32 ids (numpy, some tokenizers) would reach drafters that index with them
@@ -87,28 +97,12 @@ def as_drafter(draft, target, compile: bool = False, compile_options: dict | Non
     if not isinstance(draft, torch.nn.Module):
         if not hasattr(draft, "propose"):
             raise TypeError(f"draft must be a Hugging Face causal LM or a drafter with .propose(), got {type(draft).__name__}")
-        if isinstance(draft, ModelDrafter):  # its head too (a batch would index the target with the extra ids)
-            check_draft_head(draft.head_size or head_rows(draft.model), target)
-        return draft
-    check_draft_head(head_rows(draft), target)
+        return draft  # its check_target runs next (a ModelDrafter's checks its head, also as another's fallback)
+    check_draft_head(head_rows(draft), target)  # before compiling: a draft that cannot serve the target costs nothing
     if compile:
         return compiled_or_eager(lambda: ModelDrafter(draft, max_cache_len=positions, compile=True,
                                                       compile_options=compile_options), lambda: ModelDrafter(draft), "draft")
     return ModelDrafter(draft)
-
-
-def check_draft_head(rows: int, target) -> None:
-    """Refuse a draft model whose head produces more token ids (``rows``) than the target's head.
-
-    Compare what the heads can produce, not config.vocab_size: a draft whose head is padded to fewer rows
-    than the target's is fine (q = 0 on the target's extra ids)."""
-    if rows > head_rows(target):
-        raise ValueError(
-            f"vocabulary mismatch: the draft's head produces {rows} token ids but the target's only "
-            f"{head_rows(target)}. Draft and target must share a tokenizer: pick a draft from the target's model "
-            "family (e.g. SmolLM2-135M for SmolLM2-1.7B), or use PromptLookupDrafter(). If the extra rows are only "
-            f"padding, cap the draft's head: ModelDrafter(draft, head_size={head_rows(target)})."
-        )
 
 
 # The oldest torch that compiles transformers 5.25's models: 2.6's dynamo stops at their output wrapper
@@ -160,7 +154,7 @@ def propose_checked(drafter, context, gamma, to_probs, generator, device, vocab_
     """
     drafts, q = drafter.propose(context, gamma, to_probs, generator)
     name = type(drafter).__name__
-    if drafts.dtype.is_floating_point or drafts.dtype.is_complex or drafts.dtype == torch.bool:
+    if not is_token_dtype(drafts.dtype):
         raise ValueError(f"{name}.propose returned token ids of dtype {drafts.dtype}: token ids are integers, "
                          "return a LongTensor (e.g. tokens.long(), or sample with torch.multinomial).")
     drafts = drafts.long()
@@ -399,8 +393,9 @@ def speculative_generate(
     ``max_position_embeddings``; ``result.stats.stopped_by`` says which. What each timer in
     ``result.stats`` measures is in ``GenerationStats``'s docstring.
     """
-    if gamma < 1:
-        raise ValueError(f"gamma={gamma}: draft at least 1 token per round (typical values: 3–8).")
+    if isinstance(gamma, bool) or not isinstance(gamma, numbers.Integral) or gamma < 1:
+        raise ValueError(f"gamma={gamma!r}: draft a whole number of tokens per round, at least 1 (typical values: 3–8).")
+    gamma = int(gamma)  # a numpy integer (a sweep's np.arange) works too
     config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k,
                               top_p=top_p, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
     ids, mask = validate_prompts(target, input_ids, attention_mask, generator)

@@ -34,6 +34,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .drafters import check_propose_args
+
 __all__ = ["RequestIndex", "CorpusIndex", "SuffixDrafter", "greedy_continuation", "corpus_answers"]
 
 SEPARATOR = -1  # ends every document in a token stream: never part of a match, stops every continuation
@@ -91,6 +93,12 @@ def most_frequent(nxt: np.ndarray, ends: np.ndarray) -> tuple[int, int]:
     return int(nxt[tied][np.argmax(ends[tied])]), best
 
 
+def check_max_match(max_match: int) -> None:
+    """An index matches suffixes of 1 … ``max_match`` tokens: 0 or fewer would never match, in silence."""
+    if max_match < 1:
+        raise ValueError(f"max_match={max_match}: an index matches suffixes of 1 to max_match tokens; pass 1 or more.")
+
+
 class RequestIndex:
     """n-grams of the current request (n = 1 … ``max_match``) → the positions where they ended.
 
@@ -99,6 +107,7 @@ class RequestIndex:
     """
 
     def __init__(self, max_match: int):
+        check_max_match(max_match)
         self.max_match = max_match
         self.reset()
 
@@ -227,6 +236,9 @@ class CorpusIndex:
     """
 
     def __init__(self, max_match: int = 24, max_occurrences: int = 256):
+        check_max_match(max_match)
+        if max_occurrences < 1:
+            raise ValueError(f"max_occurrences={max_occurrences}: a match's continuation needs at least 1 occurrence.")
         self.max_match, self.max_occurrences = max_match, max_occurrences
         self._buf = np.empty(0, dtype=np.int32)
         self.size = 0  # tokens in the stream, separators included
@@ -297,6 +309,9 @@ class CorpusIndex:
     def count(self, pattern) -> int:
         """How many times ``pattern`` (token ids, ≤ max_match) occurs in the corpus."""
         pattern = list(pattern)
+        if len(pattern) > self.max_match:  # the suffix arrays are sorted only that deep: longer ones would miscount
+            raise ValueError(f"a pattern of {len(pattern)} tokens: this index counts patterns of at most max_match = "
+                             f"{self.max_match}; build it with CorpusIndex(max_match={len(pattern)}) to count longer ones.")
         total = 0
         for c in self.chunks:
             r = c.ranges(pattern[::-1])
@@ -355,6 +370,9 @@ class SuffixDrafter:
 
     def __init__(self, corpus: CorpusIndex | None = None, *, max_match: int = 24, spec_factor: float = 1.0,
                  spec_offset: int = 0, min_prob: float = 0.3, min_corpus_match: int = 2):
+        if not spec_factor > 0 or not 0 <= min_prob <= 1 or min_corpus_match < 1:  # each would never draft, in silence
+            raise ValueError(f"need spec_factor > 0, 0 <= min_prob <= 1 and min_corpus_match >= 1; got spec_factor="
+                             f"{spec_factor}, min_prob={min_prob}, min_corpus_match={min_corpus_match}.")
         self.corpus = corpus if corpus is not None else CorpusIndex(max_match)
         self.max_match = max_match
         self.spec_factor, self.spec_offset, self.min_prob = spec_factor, spec_offset, min_prob
@@ -413,6 +431,7 @@ class SuffixDrafter:
 
     def propose(self, context, gamma, to_probs=None, generator=None):
         """Tokens ``[γ']`` (γ' ≤ γ, maybe 0) after ``context`` ``[n]`` (host) and their one-hot q ``[γ', V']``."""
+        check_propose_args(context, gamma)
         self._sync(context.cpu())
         tokens, source, m, probs = self.draft(gamma)
         self.rounds[source] += 1

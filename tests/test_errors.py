@@ -35,7 +35,8 @@ def test_vocabulary_mismatch(target):
 @pytest.mark.parametrize(
     "kwargs, fix",
     [
-        (dict(gamma=0), "at least 1 token per round"),
+        (dict(gamma=0), "at least 1"),
+        (dict(gamma=2.5), "whole number of tokens per round"),  # was a bare TypeError from range() in the first round
         (dict(max_new_tokens=0), "at least 1 new token"),
         (dict(do_sample=True, top_p=0.0), "top_p=1.0"),
         (dict(do_sample=True, top_p=1.2), "top_p=1.0"),
@@ -48,6 +49,48 @@ def test_vocabulary_mismatch(target):
 def test_bad_arguments(target, draft, kwargs, fix):
     with pytest.raises(ValueError, match=fix):
         spec(target, draft, **kwargs)
+
+
+def test_a_numpy_integer_gamma_is_a_gamma(target, draft):
+    """A sweep's ``np.arange`` gives numpy integers: they draft as Python ints do."""
+    import numpy as np
+
+    assert spec(target, draft, gamma=np.int64(3)).sequences.tolist() == spec(target, draft, gamma=3).sequences.tolist()
+
+
+@pytest.mark.parametrize("kind", ["model", "lookup", "suffix"])
+def test_propose_called_by_hand_refuses_what_it_cannot_draft_from(draft, kind):
+    """Every drafter's ``propose`` refuses a negative or fractional γ, a ``[1, n]`` context, float ids and an empty
+    context, naming the fix. Before: prompt lookup drafted 7 tokens for γ = −3 (a negative slice end) and none from a
+    ``[1, n]`` context; the suffix drafter truncated float ids in its index; the draft model said "cannot roll back
+    1 positions" for an empty context."""
+    from specdec_edu import ModelDrafter, PromptLookupDrafter
+    from specdec_edu.suffix import SuffixDrafter
+
+    drafter = {"model": lambda: ModelDrafter(draft), "lookup": PromptLookupDrafter, "suffix": SuffixDrafter}[kind]()
+    context, softmax = torch.tensor([1, 2, 3, 4, 5, 6, 7, 8, 5, 6, 7, 8, 5, 6]), lambda x: x.softmax(-1)
+    for gamma in (-3, 2.5):
+        with pytest.raises(ValueError, match="whole number >= 0"):
+            drafter.propose(context, gamma, softmax)
+    for bad in (context[None], context.float() + 0.9):
+        with pytest.raises(ValueError, match=r"1-D tensor of token ids.*pass ids\[0\]"):
+            drafter.propose(bad, 3, softmax)
+    with pytest.raises(ValueError, match="context is empty"):
+        drafter.propose(context[:0], 3, softmax)
+    tokens, q = drafter.propose(context, 3, softmax)  # the same drafter, asked properly
+    assert len(tokens) == 3 and q.shape[0] == 3
+
+
+def test_a_draft_models_head_is_checked_also_as_a_fallback(target):
+    """A ModelDrafter with more head rows than the target, inside LookupThenDrafter: refused before generating, by the
+    same message as the bare one. Before: only at the first fallback round, as "LookupThenDrafter.propose returned q
+    over 72 token ids"."""
+    from specdec_edu import LookupThenDrafter, ModelDrafter
+
+    wide = tiny_llama(seed=3, vocab_size=72)
+    for drafter in (ModelDrafter(wide), LookupThenDrafter(ModelDrafter(wide))):
+        with pytest.raises(ValueError, match="vocabulary mismatch: the draft's head produces 72 token ids"):
+            spec(target, drafter)
 
 
 def test_empty_prompt(target, draft):

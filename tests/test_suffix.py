@@ -133,6 +133,30 @@ def test_negative_ids_are_refused():
         CorpusIndex().add([1, -1, 2])
 
 
+def test_count_refuses_patterns_longer_than_it_sorted():
+    """The suffix arrays are sorted ``max_match`` deep, so a longer pattern was miscounted (108 of 200 random
+    5-token patterns, with max_match = 2): now refused, naming the index to build."""
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 3, 2000).tolist()
+    index, deep = CorpusIndex(max_match=2), CorpusIndex(max_match=5)
+    index.add(tokens), deep.add(tokens)
+    pattern = [0, 0, 2, 1, 0]
+    brute = sum(tokens[i: i + 5] == pattern for i in range(len(tokens) - 4))
+    assert deep.count(pattern) == brute > 0
+    with pytest.raises(ValueError, match=r"at most max_match = 2; build it with CorpusIndex\(max_match=5\)"):
+        index.count(pattern)
+
+
+@pytest.mark.parametrize("kwargs", [dict(max_match=0), dict(spec_factor=0.0), dict(spec_factor=float("nan")),
+                                    dict(min_prob=1.5), dict(min_prob=-0.1), dict(min_corpus_match=0)])
+def test_drafter_settings_that_could_never_draft_are_refused(kwargs):
+    """Before, each made a drafter that silently never drafted (min_prob = 1.5: drafted anyway, on one occurrence)."""
+    with pytest.raises(ValueError, match="max_match|spec_factor > 0"):
+        SuffixDrafter(**kwargs)
+    with pytest.raises(ValueError, match="max_occurrences"):
+        CorpusIndex(max_occurrences=0)
+
+
 # ---- the request index: n-grams of the prompt and the output ----------------------------------------
 
 
