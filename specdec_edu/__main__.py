@@ -33,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m specdec_edu",
         description="specdec-edu: a course on speculative decoding.")
+    parser.add_argument("--traceback", action="store_true",
+                        help="on an error, show the full traceback (default: one line that names the fix)")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
     for name, (_, help_text) in COMMANDS.items():
@@ -43,8 +45,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` and run the chosen command; returns the exit status."""
+    from .models.embedded import HubUnavailableError
+
     args = build_parser().parse_args(argv)
-    return _command_module(args.command).main(args)
+    try:
+        return _command_module(args.command).main(args)
+    except (ValueError, HubUnavailableError) as exc:  # a bad setting (SPECDEC_EDU_*), no Hub: the message names the fix
+        if args.traceback:
+            raise
+        print(f"error: {exc}\n(python -m specdec_edu --traceback {args.command} ... shows where it was raised)",
+              file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

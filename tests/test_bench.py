@@ -205,6 +205,43 @@ def test_bench_cli_rejects_bad_batch_sizes():
             main(parser.parse_args(["--device", "cuda"]))
 
 
+def test_bench_refuses_an_output_it_could_not_write_before_measuring(tmp_path, monkeypatch):
+    """--json or --plot into a folder that does not exist: refused before any model loads (it used to fail after
+    the whole benchmark), and suffix settings without the suffix drafter are refused rather than ignored."""
+    from specdec_edu.models import embedded
+
+    monkeypatch.setattr(embedded, "load_pair", lambda *a, **k: pytest.fail("loaded models before checking the flags"))
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    for flag in ("--json", "--plot"):
+        with pytest.raises(SystemExit, match=f"out.x: its folder {tmp_path / 'no'} does not exist"):
+            main(parser.parse_args([flag, str(tmp_path / "no" / "out.x")]))
+    with pytest.raises(SystemExit, match="--suffix-min-prob and --suffix-spec-factor set the suffix drafter"):
+        main(parser.parse_args(["--suffix-min-prob", "0.5"]))
+
+
+def test_a_failing_batch_sweep_keeps_the_runs_json(tmp_path, monkeypatch, target, closer_draft):
+    """The JSON is written before the batch sweep (and again after it): a sweep that fails loses nothing measured."""
+    import specdec_edu.commands.bench as bench
+    from specdec_edu.models import embedded
+
+    monkeypatch.setattr(embedded, "load_pair", lambda *a, **k: (target, closer_draft, types.SimpleNamespace(eos_token_id=None)))
+    monkeypatch.setattr(embedded, "chat_prompt", lambda tokenizer, text, device=None: torch.tensor([[1, 2, 3, 4]]))
+    monkeypatch.setattr(bench, "run_bench", lambda *a, **k: {"tok_s": {}, "fake": True})
+    monkeypatch.setattr(bench, "format_table", lambda result: "table")
+
+    def sweep(*a, **k):
+        raise RuntimeError("out of memory at batch 16")
+
+    monkeypatch.setattr(bench, "run_batch_sweep", sweep)
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    out = tmp_path / "run.json"
+    with pytest.raises(RuntimeError, match="out of memory"):
+        main(parser.parse_args(["--json", str(out), "--batch-sizes", "1,16", "--limit", "1"]))
+    assert json.loads(out.read_text())["fake"] is True
+
+
 def test_bench_compiled_runs_the_eager_twins_beside(target, closer_draft, own_cost_per_call, monkeypatch):
     """``compile=True``: our two methods run compiled, and their eager twins run in the same interleaved benchmark,
     so that one run says what compiling changes (``compiled_over_eager``); every output is still the target's.

@@ -29,6 +29,7 @@ def is_concept(path: Path) -> bool:
 def no_pair_variable(monkeypatch):
     monkeypatch.delenv("SPECDEC_EDU_PAIR", raising=False)
     monkeypatch.delitem(sys.modules, "google.colab", raising=False)
+    monkeypatch.delenv("COLAB_RELEASE_TAG", raising=False)
 
 
 def test_default_pair_is_embedded_off_colab(no_pair_variable, monkeypatch):
@@ -41,6 +42,15 @@ def test_default_pair_on_colab_depends_on_the_gpu(no_pair_variable, monkeypatch)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert default_pair() == "embedded"  # a CPU runtime stays offline and small
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert default_pair() == "smollm2"
+
+
+def test_a_command_started_from_a_colab_cell_knows_it_is_on_colab(no_pair_variable, monkeypatch):
+    """``!python -m specdec_edu gpu-report`` runs in a fresh interpreter, which has not imported ``google.colab``; it
+    inherits the runtime's environment. Before: it reported on the embedded pair, not the learner's Colab pair."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert default_pair() == "embedded"
+    monkeypatch.setenv("COLAB_RELEASE_TAG", "release-colab-external_20261201-060000_RC00")
     assert default_pair() == "smollm2"
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import io
+import re
 import types
 
 import pytest
@@ -41,6 +42,10 @@ def test_demo_on_tiny_models_prints_marked_text_and_summary(tiny_pair, char_toke
         assert r.identical is True  # greedy speculative == target-only, token for token
         assert len(r.speculative.token_sources[0]) == len(r.new_tokens) == r.speculative.stats.new_tokens
     assert "yes" in text.split("identical to target-only")[1]
+    # accepted / drafted sits above α = accepted / judged: the line says which count α divides by
+    stats = reports[0].speculative.stats
+    assert (f"{stats.accepted} of {stats.drafted} drafts accepted, of {stats.accepted + stats.rejected_rounds} judged: "
+            "α counts the judged") in text
 
 
 def test_analyse_derives_the_summary_from_hand_made_runs():
@@ -158,6 +163,60 @@ def test_cli_parses_demo_flags():
         "model", "eagle", "prompt-lookup", "suffix")
 
 
+@pytest.mark.parametrize("argv, says", [
+    (["demo", "--gamma", "0"], "argument --gamma: 0 is not a whole number >= 1"),
+    (["demo", "--max-new-tokens", "-3"], "argument --max-new-tokens: -3 is not a whole number >= 1"),
+    (["demo", "--sample", "--temperature", "0"], r"--temperature: 0.0 is not a finite number > 0 \(greedy decoding: leave"),
+    (["demo", "--sample", "--temperature", "nan"], "--temperature: nan is not a finite number > 0"),
+    (["bench", "--limit", "0"], "argument --limit: 0 is not a whole number >= 1"),
+    (["bench", "--threads", "-1"], "argument --threads: -1 is not a whole number >= 1"),
+    (["bench", "--batch-new-tokens", "0"], "argument --batch-new-tokens: 0 is not"),
+    (["bench", "--pair", "foo"], "argument --pair: invalid choice: 'foo'"),
+    (["gpu-report", "--pair", "foo"], "argument --pair: invalid choice: 'foo'"),
+])
+def test_bad_flags_are_refused_in_one_line_before_any_model_loads(argv, says, capsys):
+    """Before: --gamma 0 and --max-new-tokens 0 raised a traceback after loading and part of the warm-up; --sample
+    --temperature 0 decoded greedily under a "sampling, T=0.0" label with the identity check skipped; --limit 0, -1
+    and --threads 0 failed late or were dropped in silence; an unknown pair was a traceback."""
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    assert re.search(says, capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("name", ["xpu", "meta", "cuda:7"])
+def test_a_device_the_course_cannot_run_on_is_named(name, monkeypatch):
+    """xpu and meta passed the check and failed deep inside the first load (an AssertionError from torch); cuda:7 on
+    a one-GPU machine likewise. (CUDA is faked present for cuda:7: this machine may have none.)"""
+    from specdec_edu.models.devices import requested_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ValueError, match=f"--device {name}: (the course runs on cuda, mps or cpu|this machine has 1 CUDA)"):
+        requested_device(name)
+    assert requested_device("cpu") == torch.device("cpu") and requested_device("cuda:0") == torch.device("cuda:0")
+
+
+def test_demo_refuses_sampling_settings_without_sample():
+    """--temperature or --seed without --sample used to be ignored in silence (greedy decoding ran)."""
+    for flag, value in (("--temperature", "0.7"), ("--seed", "3")):
+        with pytest.raises(SystemExit, match="add --sample, or leave them out"):
+            demo.settings_from_args(build_parser().parse_args(["demo", flag, value]), io.StringIO())
+    settings = demo.settings_from_args(build_parser().parse_args(["demo", "--sample"]), io.StringIO())
+    assert (settings.temperature, settings.seed) == (1.0, 0)  # the defaults --help names
+
+
+def test_a_bad_setting_met_while_running_is_one_line_unless_traceback_is_asked(monkeypatch, capsys):
+    """A SPECDEC_EDU_* variable the code refuses (or a Hub that cannot be reached) gives one ``error:`` line naming
+    the fix, exit 2; ``--traceback`` shows where. Before: a traceback whose last line held the fix."""
+    monkeypatch.setenv("SPECDEC_EDU_DTYPE", "float16")
+    assert main(["gpu-report", "--pair", "embedded", "--quick"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: SPECDEC_EDU_DTYPE='float16' is not a dtype") and "Traceback" not in err
+    with pytest.raises(ValueError, match="SPECDEC_EDU_DTYPE='float16'"):
+        main(["--traceback", "gpu-report", "--pair", "embedded", "--quick"])
+
+
 def test_cli_requires_a_command(capsys):
     with pytest.raises(SystemExit):
         main([])
@@ -167,7 +226,8 @@ def test_cli_requires_a_command(capsys):
 def test_real_demo_on_the_embedded_pair(capsys):
     assert main(["demo", "--max-new-tokens", "12", "--repeats", "1", "--no-color",
                  "--device", "cpu"]) == 0
-    text = capsys.readouterr().out
+    text, err = capsys.readouterr()
+    assert "running on cpu, float32, eager" in err  # the dtype too: SPECDEC_EDU_DTYPE=fp16 used to run unannounced
     for row in SUMMARY_ROWS:
         assert row in text
     assert "NO, from token" not in text

@@ -35,6 +35,19 @@ def test_the_verdict_is_computed(c, verify, pays):
     assert ("this pair pays on this device" in sentence) == pays and ("does not pay" in sentence) == (not pays)
 
 
+@pytest.mark.parametrize("measured, says", [(1.4, "this pair pays on this device"), (0.9, "they disagree")])
+def test_the_verdict_never_contradicts_the_measured_speedup(measured, says):
+    """The report prints a measured speedup beside the prediction; its sentence concludes only where both agree.
+    Before: "measured 1.12×" above "this pair does not pay on this device", and the dial drafter's line said
+    "this pair pays" about a drafter at a dialled α, not about the pair."""
+    costs = {"c": 0.05, "verify_cost": 1.0}  # predicts 3.0× at α 0.8, γ 4
+    sentence = verdict(costs, alpha=0.8, gamma=4, measured=measured)
+    assert f"measured {measured:.2f}×" in sentence and says in sentence
+    assert ("pays on this device" in sentence) == (measured > 1)
+    dial = verdict(costs, alpha=0.8, gamma=4, measured=2.5, subject="a drafter with this draft's cost at α = 0.80")
+    assert "So a drafter with this draft's cost at α = 0.80 pays on this device" in dial and "this pair" not in dial
+
+
 def test_the_predicted_table_follows_bandwidth():
     """Slow memory makes the 1.7B target slow and c small (a T4, an L4); fast memory leaves the per-layer cost,
     and the 30-layer draft costs as much as the 24-layer target (as measured on the H200)."""
@@ -84,7 +97,8 @@ def test_the_quick_report_runs_on_the_embedded_pair(monkeypatch):
     assert gpu_report.main(build_parser().parse_args(["gpu-report", "--quick"]), out) == 0
     text = out.getvalue()
     assert "pair: embedded" in text and "dtype:  fp32" in text and "path:   eager" in text
-    assert "cold start in this process: load" in text and text.count("so this pair") == 2
+    assert "cold start in this process: load" in text and text.count("Leviathan's formula predicts") == 2
+    assert ("So this pair" in text or "whether this pair pays" in text) and "a drafter with this draft's cost" in text
 
 
 def _report(tiny_pair, char_tokenizer, monkeypatch, backend) -> tuple[dict, str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import inspect
 import json
+import os
 import platform
 import statistics
 import sys
@@ -22,10 +23,12 @@ from ..course.experiments import interleaved_benchmark, timed
 from ..course.measure import measured_verify_cost
 from ..drafters import PromptLookupDrafter
 from ..generate import autoregressive_generate, resolve_compile, speculative_generate
+from ..models.embedded import PAIRS
 from ..models.feature_drafters import load_drafter
 from ..result import GenerationStats
 from ..suffix import SuffixDrafter
 from ..theory import expected_speedup
+from .args import positive_int
 
 SUFFIX_MIN_PROB = inspect.signature(SuffixDrafter).parameters["min_prob"].default  # for --help: the drafter's own
 
@@ -391,6 +394,14 @@ def plot_result(result: dict, path: str) -> None:
     plt.close(fig)
 
 
+def check_output_folders(*paths: str | None) -> None:
+    """Refuse, before anything is measured, an output file (``--json``, ``--plot``) whose folder does not exist."""
+    for path in paths:
+        if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            raise SystemExit(f"{path}: its folder {os.path.dirname(os.path.abspath(path))} does not exist; create it "
+                             "first (mkdir -p), or write the file elsewhere")
+
+
 def save_json(result: dict, path: str) -> None:
     with open(path, "w") as f:
         json.dump(result, f, indent=2)
@@ -398,7 +409,8 @@ def save_json(result: dict, path: str) -> None:
 
 # ---- command line: python -m specdec_edu bench ----------------------------------------------------
 def add_arguments(parser) -> None:
-    parser.add_argument("--pair", default="embedded", help="'embedded' (default, offline) or a hub pair: smollm2, qwen2.5")
+    parser.add_argument("--pair", choices=sorted(PAIRS), default="embedded",
+                        help="'embedded' (default, offline) or a hub pair: smollm2, qwen2.5")
     parser.add_argument("--drafter", choices=DRAFTERS, default="model",
                         help="model: the pair's draft model; eagle / medusa: trained feature drafters (assets/); "
                         "prompt-lookup+eagle: lookup where the context repeats itself, EAGLE elsewhere; suffix: suffix "
@@ -408,19 +420,21 @@ def add_arguments(parser) -> None:
                         "the originals' answers are added to the suffix drafter's global index first)")
     parser.add_argument("--suffix-min-prob", type=float, default=None, help=f"suffix drafter's τ (default {SUFFIX_MIN_PROB})")
     parser.add_argument("--suffix-spec-factor", type=float, default=None, help="suffix drafter's budget per matched token")
-    parser.add_argument("--limit", type=int, default=None, help="only the first N prompts of the set")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--limit", type=positive_int, default=None, help="only the first N prompts of the set")
+    parser.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--hf-lookup", metavar="TOKENS,NGRAM", default=None,
                         help="HF prompt lookup's prompt_lookup_num_tokens,max_matching_ngram_size (default: gamma,2)")
-    parser.add_argument("--gamma", type=int, default=4, help="draft tokens per round (default 4)")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats; medians are reported")
+    parser.add_argument("--gamma", type=positive_int, default=4, help="draft tokens per round (default 4)")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=64, help="tokens per answer (default 64)")
+    parser.add_argument("--repeats", type=positive_int, default=3, help="interleaved repeats; medians are reported "
+                        "(default 3)")
     parser.add_argument("--device", default=None, help="cuda, mps or cpu (default: the best available)")
     parser.add_argument("--json", metavar="FILE", help="write the full result as JSON")
     parser.add_argument("--plot", metavar="FILE", help="write a bar chart of tokens/s (PNG)")
     parser.add_argument("--batch-sizes", metavar="LIST", default="",
                         help="also measure batched decoding at these batch sizes, e.g. 1,4,16 (model drafter only)")
-    parser.add_argument("--batch-new-tokens", type=int, default=16, help="new tokens per row in the batch sweep")
+    parser.add_argument("--batch-new-tokens", type=positive_int, default=16,
+                        help="new tokens per row in the batch sweep (default 16)")
     parser.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
                         help="our methods compiled (torch.compile on static KV caches) or eager; auto: compiled on CUDA "
                         "only. When compiled, their eager twins run beside them")
@@ -433,8 +447,10 @@ def main(args) -> int:
     from ..models.embedded import chat_prompt, load_pair
 
     transformers.utils.logging.set_verbosity_error()
-    if args.gamma < 1 or args.max_new_tokens < 1 or args.repeats < 1:
-        raise SystemExit("--gamma, --max-new-tokens and --repeats must be >= 1")
+    check_output_folders(args.json, args.plot)  # before measuring: a finished run must have somewhere to go
+    if args.drafter != "suffix" and (args.suffix_min_prob is not None or args.suffix_spec_factor is not None):
+        raise SystemExit("--suffix-min-prob and --suffix-spec-factor set the suffix drafter: add --drafter suffix, or "
+                         "leave them out")
     try:
         batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b.strip()]
     except ValueError:
@@ -459,7 +475,7 @@ def main(args) -> int:
     prompts = prompts[: args.limit]
     inputs = [chat_prompt(tokenizer, p, device=target.device) for p in prompts]
     additions = []
-    if args.prompt_set == "reworded":  # the workload repeats: the originals were asked (and answered) before
+    if args.prompt_set == "reworded" and args.drafter == "suffix":  # the originals were asked (and answered) before
         additions = [autoregressive_generate(target, chat_prompt(tokenizer, p, device=target.device),
                                              max_new_tokens=args.max_new_tokens, eos_token_id=tokenizer.eos_token_id)
                      .row(0).tolist() for p in reworded_originals()[: args.limit]]
@@ -475,6 +491,8 @@ def main(args) -> int:
     result["command"] = "python -m specdec_edu bench " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:])
     result["date"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     print(format_table(result))
+    if args.json:  # now, and again after the sweep: a sweep that fails must not lose the run above
+        save_json(result, args.json)
     if batch_sizes:
         result["batched"] = run_batch_sweep(target, draft, tokenizer, batch_sizes, gamma=args.gamma,
                                             max_new_tokens=args.batch_new_tokens)

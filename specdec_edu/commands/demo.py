@@ -53,6 +53,7 @@ import torch
 
 from ..course.diagnostics import first_difference
 from ..course.viz import ANSI, ANSI_RESET, legend, mark_tokens, token_pieces  # noqa: F401 (ANSI*: re-exported for tests)
+from .args import positive_float, positive_int
 
 DRAFTER_LABELS = {"model": "model draft", "eagle": "EAGLE (features)", "medusa": "Medusa (features)",
                   "prompt-lookup": "prompt lookup", "suffix": "suffix (no model)"}
@@ -331,7 +332,8 @@ def print_report(report: DrafterReport, tokenizer, settings: DemoSettings, out: 
     pieces = token_pieces(tokenizer, report.new_tokens)
     print(mark_tokens(pieces, list(report.speculative.token_sources[0]), settings.color), file=out)
     print(f"({stats.new_tokens} tokens in {stats.rounds} target forward passes; "
-          f"{stats.accepted} of {stats.drafted} drafts accepted)", file=out)
+          f"{stats.accepted} of {stats.drafted} drafts accepted, of {stats.accepted + stats.rejected_rounds} judged: "
+          "α counts the judged, and drafts after a rejection go unjudged)", file=out)
 
 
 def _shorten(text: str, limit: int = 160) -> str:
@@ -383,17 +385,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``demo`` subcommand's flags."""
     parser.add_argument("--prompt", default=None,
                         help="your own prompt (default: one suited to each drafter)")
-    parser.add_argument("--gamma", type=int, default=4, help="draft tokens per round (default 4)")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--gamma", type=positive_int, default=4, help="draft tokens per round (default 4)")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=64, help="tokens per answer (default 64)")
     parser.add_argument("--sample", action="store_true",
                         help="sample instead of greedy decoding: speculative and target-only outputs are "
                              "then different draws from the same distribution")
-    parser.add_argument("--temperature", type=float, default=1.0, help="with --sample")
-    parser.add_argument("--seed", type=int, default=0, help="with --sample")
+    parser.add_argument("--temperature", type=positive_float, default=None, help="with --sample (default 1.0)")
+    parser.add_argument("--seed", type=int, default=None, help="with --sample (default 0)")
     parser.add_argument("--drafter", choices=["model", "eagle", "medusa", "prompt-lookup", "suffix", "both", "three", "all"],
                         default="three", help="three: model, prompt-lookup and suffix (default); both: model and "
                         "prompt-lookup; all: model, eagle, prompt-lookup and suffix")
-    parser.add_argument("--repeats", type=int, default=2,
+    parser.add_argument("--repeats", type=positive_int, default=2,
                         help="timed runs per decoder; the fastest counts (default 2)")
     parser.add_argument("--device", default=None, help="cuda, mps or cpu (default: best available)")
     parser.add_argument("--no-color", action="store_true", help="plain-text markers, no ANSI colour")
@@ -402,12 +404,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def settings_from_args(args: argparse.Namespace, out: TextIO) -> DemoSettings:
     """Turn parsed flags into :class:`DemoSettings`."""
     drafters = DRAFTER_SETS.get(args.drafter, (args.drafter,))
+    if not args.sample and (args.temperature is not None or args.seed is not None):  # they would be ignored in silence
+        raise SystemExit("--temperature and --seed set how --sample draws: add --sample, or leave them out "
+                         "(greedy decoding draws nothing)")
     # Colour only for a terminal, and never if the user asked not to (--no-color, or the
     # NO_COLOR environment variable, a convention many command-line tools follow).
     color = (not args.no_color and "NO_COLOR" not in os.environ
              and hasattr(out, "isatty") and out.isatty())
     return DemoSettings(prompt=args.prompt, gamma=args.gamma, max_new_tokens=args.max_new_tokens,
-                        sample=args.sample, temperature=args.temperature, seed=args.seed,
+                        sample=args.sample, temperature=1.0 if args.temperature is None else args.temperature,
+                        seed=args.seed or 0,
                         drafters=drafters, color=color, repeats=args.repeats)
 
 
@@ -455,7 +461,8 @@ def main(args: argparse.Namespace, out: TextIO | None = None) -> int:
     from ..generate import compiles_by_default
 
     path = "compiled (the warm-up compiles)" if compiles_by_default(target.device) else "eager"
-    print(f"running on {target.device}, {path}: warm-up, then target-only and speculative decoding "
+    dtype = str(next(target.parameters()).dtype).removeprefix("torch.")  # SPECDEC_EDU_DTYPE can change it: say which
+    print(f"running on {target.device}, {dtype}, {path}: warm-up, then target-only and speculative decoding "
           "alternately ...", file=sys.stderr, flush=True)
     run_demo(target, draft, tokenizer, settings, out)
     return 0

@@ -81,8 +81,11 @@ def step_costs(target, draft, gamma: int, compiled: bool, bandwidth_bytes: int |
             "verify_cost": verify_cost}
 
 
-def verdict(costs: dict, alpha: float, gamma: int) -> str:
-    """The sentence that says whether this pair pays here, computed from ``costs`` (``step_costs``) and α."""
+def verdict(costs: dict, alpha: float, gamma: int, measured: float | None = None, subject: str = "this pair") -> str:
+    """The sentence that says whether ``subject`` pays here, computed from ``costs`` (``step_costs``) and α.
+
+    With ``measured`` (the speedup a run just measured), the sentence gives it beside the prediction and concludes only
+    where both agree: a sentence must not say "pays" under a measured slowdown, or the other way round."""
     from ..theory import alpha_for_speedup, expected_speedup
 
     c, verify = costs["c"], costs["verify_cost"]
@@ -92,10 +95,16 @@ def verdict(costs: dict, alpha: float, gamma: int) -> str:
         needed = f"it breaks even from α ≈ {alpha_for_speedup(1.0, gamma, c, verify):.2f}"
     except ValueError:
         needed = "no α breaks even at this γ"
+    predicted = (f"Leviathan's formula predicts {leviathan:.2f}× with c = {c:.2f}, and {with_verify:.2f}× with the "
+                 f"verify cost measured here ({verify:.2f} steps)")
     pays = "pays" if with_verify > 1 else "does not pay"
-    return (f"At α = {alpha:.2f}, γ = {gamma}: Leviathan's formula predicts {leviathan:.2f}× with c = {c:.2f}, and "
-            f"{with_verify:.2f}× with the verify cost measured here ({verify:.2f} steps), so this pair {pays} on "
-            f"this device ({needed}).")
+    if measured is None:
+        return f"At α = {alpha:.2f}, γ = {gamma}: {predicted}, so {subject} {pays} on this device ({needed})."
+    if (measured > 1) != (with_verify > 1):
+        return (f"At α = {alpha:.2f}, γ = {gamma}: measured {measured:.2f}×, but {predicted}: they disagree on whether "
+                f"{subject} pays here ({needed}). Short runs are noisy: run without --quick, on an idle device.")
+    return (f"At α = {alpha:.2f}, γ = {gamma}: measured {measured:.2f}×; {predicted}. So {subject} {pays} on this "
+            f"device ({needed}).")
 
 
 def describe_costs(costs: dict, device, dtype, compiled: bool) -> str:
@@ -168,7 +177,7 @@ def run_report(target, draft, tokenizer, settings: ReportSettings | None = None,
     alpha_own = statistics.median(alphas)
     say(f"the pair's own draft, {len(prompts)} chat prompt(s), {settings.max_new_tokens} new tokens, γ = "
         f"{settings.gamma}: measured {statistics.median(speedups):.2f}× (median), α = {alpha_own:.2f}")
-    say("  " + verdict(costs, alpha_own, settings.gamma))
+    say("  " + verdict(costs, alpha_own, settings.gamma, statistics.median(speedups)))
 
     vocab = target.config.vocab_size
     reference = autoregressive_generate(target, prompts[0], max_new_tokens=settings.max_new_tokens).sequences[0]
@@ -177,7 +186,8 @@ def run_report(target, draft, tokenizer, settings: ReportSettings | None = None,
     dial_speedup, dial_alpha, _ = _median_speedup(target, dial, prompts[0], settings, eos=None)
     say(f"dial drafter at α = {DIAL_ALPHA} (the real draft's cost, α set by a dial): measured {dial_speedup:.2f}× "
         f"(α = {dial_alpha:.2f} in the run, by chance on {settings.max_new_tokens} tokens)")
-    say("  " + verdict(costs, dial.alpha, settings.gamma))
+    say("  " + verdict(costs, dial.alpha, settings.gamma, dial_speedup,
+                       subject=f"a drafter with this draft's cost at α = {dial.alpha:.2f}"))
     return {"device": name, "dtype": str(dtype), "compiled": compiled, "first_call_seconds": first, **costs,
             "speedup_own": statistics.median(speedups), "alpha_own": alpha_own, "speedup_dial": dial_speedup,
             "alpha_dial": dial_alpha}
@@ -234,8 +244,10 @@ def predicted_table(gamma: int = 4, alpha: float = DIAL_ALPHA) -> str:
 # ---- the command ---------------------------------------------------------------------------------------------
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--pair", default=None, help="model pair (default: default_pair(): smollm2 on a Colab GPU, "
-                        "else embedded)")
+    from ..models.embedded import PAIRS
+
+    parser.add_argument("--pair", choices=sorted(PAIRS), default=None,
+                        help="model pair (default: default_pair(): smollm2 on a Colab GPU, else embedded)")
     parser.add_argument("--quick", action="store_true", help="short answers, one prompt, one repeat (a smoke test)")
     parser.add_argument("--predict", action="store_true", help="print the README's predicted table and exit")
 

@@ -32,11 +32,17 @@ def requested_device(name: str | None) -> torch.device:
         device = torch.device(name)
     except RuntimeError:
         raise ValueError(f"--device {name!r}: not a device torch knows; use cuda, mps or cpu") from None
+    if device.type not in ("cuda", "mps", "cpu"):  # xpu, meta, …: torch knows them, the course does not run there
+        raise ValueError(f"--device {name}: the course runs on cuda, mps or cpu; leave --device out (the best "
+                         f"available: {default_device()}) or pass one of those")
     mps = getattr(torch.backends, "mps", None)
     usable = {"cuda": torch.cuda.is_available(), "mps": mps is not None and mps.is_available()}.get(device.type, True)
     if not usable:
         raise ValueError(f"--device {name}: torch {torch.__version__} sees no {device.type.upper()} device here; "
                          f"leave --device out (the best available: {default_device()}) or pass --device cpu")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s), numbered "
+                         f"from 0; pass --device cuda (the first) or cuda:N below {torch.cuda.device_count()}")
     return device
 
 
@@ -74,8 +80,11 @@ def default_dtype(device, reduced: bool = True) -> torch.dtype:
 
 
 def on_colab() -> bool:
-    """True inside a Google Colab runtime (its ``google.colab`` module is already imported there)."""
-    return "google.colab" in sys.modules
+    """True inside a Google Colab runtime: in its notebook kernel (which has imported ``google.colab``) and in a
+    command a cell starts (``!python -m specdec_edu gpu-report``: a fresh interpreter, which has not imported it, but
+    inherits the runtime's ``COLAB_RELEASE_TAG``). Kaggle's image, built on Colab's, sets that variable too: there a
+    GPU session gets the hub pair as well."""
+    return "google.colab" in sys.modules or "COLAB_RELEASE_TAG" in os.environ
 
 
 def dtype_reason(device, dtype: torch.dtype) -> str:
