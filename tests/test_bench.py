@@ -96,7 +96,7 @@ def check_summary(result, methods, gamma, repeats, tok_s):
     alpha, c = result["alpha"], result["c"]
     assert result["predicted_speedup"] == expected_speedup(alpha, gamma, c)
     assert result["predicted_speedup_measured_verify"] == expected_speedup(alpha, gamma, c, result["verify_cost"])
-    assert result["gamma"] == gamma
+    assert result["gamma"] == gamma and result["max_new_tokens"] >= 1 and result["repeats"] >= 1  # settings recorded
     assert set(result["round_profile_ms"]) == {"draft", "verify_forward", "accept_resample", "cache_crop"}
     return tok_s
 
@@ -218,6 +218,8 @@ def test_bench_refuses_an_output_it_could_not_write_before_measuring(tmp_path, m
             main(parser.parse_args([flag, str(tmp_path / "no" / "out.x")]))
     with pytest.raises(SystemExit, match="--suffix-min-prob and --suffix-spec-factor set the suffix drafter"):
         main(parser.parse_args(["--suffix-min-prob", "0.5"]))
+    with pytest.raises(SystemExit, match="--hf-lookup sets HF's prompt lookup"):
+        main(parser.parse_args(["--hf-lookup", "4,2"]))
 
 
 def test_a_failing_batch_sweep_keeps_the_runs_json(tmp_path, monkeypatch, target, closer_draft):

@@ -224,6 +224,7 @@ def run_bench(target, draft, inputs, *, eos_token_id=None, drafter="model", gamm
     profiled = profile_round(target, bench_drafter(drafter, target, draft, corpus_additions, suffix_options), inputs[0],
                              gamma, compiled=compiled)
     out = summarise(target, draft, results, drafter, gamma, inputs, compiled, profiled)
+    out.update(max_new_tokens=max_new_tokens, repeats=repeats)  # the settings, not only inside "command"
     if drafter == "suffix":
         out["hf_prompt_lookup_setting"] = dict(zip(("prompt_lookup_num_tokens", "max_matching_ngram_size"),
                                                    hf_lookup or (gamma, 2)))
@@ -370,7 +371,8 @@ def format_table(result: dict) -> str:
         f"t(γ+1)/t(1) = {result['verify_cost']:.2f}); measured {result['speedup']:.2f}×"
     )
     prof = result["round_profile_ms"]
-    rows.append("one round (ms): " + ", ".join(f"{k} {v:.1f}" for k, v in prof.items()))
+    rows.append("one round (ms, median of a profiled 32-token run of the first prompt): "
+                + ", ".join(f"{k} {v:.1f}" for k, v in prof.items()))
     return "\n".join(rows)
 
 
@@ -464,6 +466,9 @@ def main(args) -> int:
     except ValueError:
         raise SystemExit(f"--hf-lookup {args.hf_lookup!r}: give TOKENS,NGRAM, two positive whole numbers, "
                          "e.g. 4,2") from None
+    if args.hf_lookup and args.drafter not in ("prompt-lookup", "suffix"):
+        raise SystemExit("--hf-lookup sets HF's prompt lookup, which runs beside --drafter prompt-lookup or suffix: "
+                         "add one of those, or leave it out")
     try:
         device = requested_device(args.device)
     except ValueError as exc:
