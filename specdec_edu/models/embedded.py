@@ -290,8 +290,8 @@ def _load_named_pair(name: str, device: torch.device, dtype: torch.dtype):
     except OSError as exc:  # transformers reports "can't reach / not cached" as OSError
         raise HubUnavailableError(
             f"could not load the {name!r} pair ({ids['target']} + {ids['draft']}) from the "
-            f"Hugging Face Hub: {exc}\nWithout network access use load_pair('embedded') (on the command line: "
-            "--pair embedded), which needs no Hub."
+            f"Hugging Face Hub: {exc}\nWithout network access use the embedded pair, which needs no Hub: "
+            "load_pair('embedded'), SPECDEC_EDU_PAIR=embedded for the notebooks, or --pair embedded on the command line."
         ) from exc
     _check_same_vocab(target, draft)
     return target, draft, tokenizer
