@@ -19,7 +19,7 @@ import torch
 from .verify import acceptance_probability, residual_distribution
 
 
-def _check(alpha, gamma, c=0.0):
+def _check(alpha, gamma, c=0.0, verify_cost=1.0):
     a = np.asarray(alpha, dtype=float)
     if np.any((a < 0) | (a > 1)):
         raise ValueError(f"alpha must lie in [0, 1] (it is a probability), got {alpha}")
@@ -27,6 +27,8 @@ def _check(alpha, gamma, c=0.0):
         raise ValueError(f"gamma must be >= 0 draft tokens, got {gamma}")
     if np.any(np.asarray(c, dtype=float) < 0):
         raise ValueError(f"c (draft cost / target cost) must be >= 0, got {c}")
+    if not np.all(np.asarray(verify_cost, dtype=float) > 0):  # 0 made the speedup infinite, −1 made it negative
+        raise ValueError(f"verify_cost (a verify pass / a target step) must be > 0, got {verify_cost}")
     return a
 
 
@@ -39,10 +41,13 @@ def expected_tokens_per_round(alpha, gamma):
 
     Works elementwise on numpy arrays too.
     """
-    a = _check(alpha, gamma)
-    one = np.isclose(a, 1.0)
-    safe = np.where(one, 0.5, a)  # avoid 0/0 where α = 1; that branch is replaced below
-    return _scalar_or_array(np.where(one, np.asarray(gamma, float) + 1, (1 - safe ** (np.asarray(gamma) + 1)) / (1 - safe)))
+    a, g = _check(alpha, gamma), np.asarray(gamma, float)
+    with np.errstate(divide="ignore", invalid="ignore"):  # log 0 = −inf at α = 0 (the ratio is then 1); 0/0 at α = 1
+        log_a = np.log(a)
+        # (1 − α^(γ+1)) / (1 − α) as expm1 over expm1: no cancellation near α = 1, where the plain form lost digits
+        # (and an isclose(α, 1) shortcut made α ≥ 0.99999 yield exactly γ + 1, so its inverse stopped short of 1)
+        ratio = np.expm1((g + 1) * log_a) / np.expm1(log_a)
+    return _scalar_or_array(np.where(a == 1, g + 1, ratio))
 
 
 def expected_speedup(alpha, gamma, c, verify_cost=1.0):
@@ -53,7 +58,7 @@ def expected_speedup(alpha, gamma, c, verify_cost=1.0):
     forward costs more than a one-token forward (a small model on a CPU), pass the
     measured ratio ``t_verify(γ+1) / t_target(1)`` as ``verify_cost``.
     """
-    _check(alpha, gamma, c)
+    _check(alpha, gamma, c, verify_cost)
     return _scalar_or_array(
         np.asarray(expected_tokens_per_round(alpha, gamma)) / (np.asarray(gamma) * np.asarray(c, float) + verify_cost)
     )
@@ -73,6 +78,8 @@ def alpha_from_tau(tau: float, gamma: int, tol: float = 1e-10) -> float:
     """Invert tokens-per-round: the α for which ``expected_tokens_per_round(α, γ) == tau``."""
     if not 1 <= tau <= gamma + 1:
         raise ValueError(f"tau must lie in [1, gamma + 1] = [1, {gamma + 1}], got {tau}")
+    if tau in (1, gamma + 1):  # the ends exactly (bisection would stop a tolerance short of 0 or 1)
+        return 0.0 if tau == 1 else 1.0
     lo, hi = 0.0, 1.0
     while hi - lo > tol:  # the expectation grows monotonically in α: bisect
         mid = (lo + hi) / 2
@@ -87,13 +94,15 @@ def alpha_for_speedup(speedup: float, gamma: int, c: float, verify_cost: float =
     tokens; :func:`alpha_from_tau` inverts τ. Even α = 1 yields at most γ + 1 tokens per round:
     beyond that no drafter at this γ, c and verify cost can reach ``speedup`` (a clear error says so).
     """
-    _check(0.5, gamma, c)
+    _check(0.5, gamma, c, verify_cost)
+    if not speedup > 0:
+        raise ValueError(f"speedup must be > 0 (a ratio of speeds), got {speedup}")
     tau = speedup * (gamma * c + verify_cost)
-    if tau > gamma + 1:
+    if tau > (gamma + 1) * (1 + 1e-9):  # slack for rounding: α = 1's own speedup must map back to α = 1
         raise ValueError(f"a {speedup}x speedup is out of reach at gamma={gamma}, c={c:.3g}, verify cost "
                          f"{verify_cost:.3g}: even alpha = 1 gives {(gamma + 1) / (gamma * c + verify_cost):.2f}x. "
                          "Lower c or the verify cost, or raise gamma.")
-    return alpha_from_tau(max(tau, 1.0), gamma)
+    return alpha_from_tau(min(max(tau, 1.0), gamma + 1.0), gamma)
 
 
 # ---- what one verification step emits ---------------------------------------------------------
@@ -129,4 +138,10 @@ def output_distribution(p, q, resample=None) -> torch.Tensor:
 def total_variation(a, b) -> float:
     """TV(a, b) = ½ Σ |a − b| for two distributions (any array-likes of equal length, tensors on any device)."""
     a, b = (np.asarray(x.detach().cpu() if isinstance(x, torch.Tensor) else x, dtype=float) for x in (a, b))
+    if a.shape != b.shape:  # numpy would broadcast a [1] against a [V] in silence
+        raise ValueError(f"total_variation needs two distributions over the same tokens, got shapes {a.shape} and {b.shape}")
+    for x in (a, b):
+        if (x < 0).any() or abs(x.sum() - 1) > 1e-4:  # 1e-4: float32 softmax rows over a large vocabulary
+            raise ValueError(f"total_variation needs distributions (entries >= 0 summing to 1), got one summing to "
+                             f"{x.sum():.6g}: normalise it first (x / x.sum())")
     return 0.5 * float(np.abs(a - b).sum())

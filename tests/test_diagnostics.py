@@ -111,6 +111,17 @@ def test_reduced_precision_passes_a_near_tie_and_fails_a_large_margin(bf16_case)
         check_same_output(model, PROMPT, reference, runner_up_at(reference, top2, sure))  # spread measured here
 
 
+def test_in_16_bit_a_run_that_stops_early_is_not_a_near_tie(bf16_case):
+    """A truncated candidate (a prefix of the reference, or the reference cut short) has no token where they part:
+    it used to be judged on the runner-up's margin there and pass as "a near-tie" (5 of 6 random bf16 models in a
+    review). Rounding can flip a token, EOS too, but cannot end a run without one. The control: the huge spread
+    below would pass any flip, and the truncation still fails."""
+    model, reference, _ = bf16_case
+    for ref, cand in ((reference, reference[:7]), (reference[:7], reference)):
+        with pytest.raises(OutputMismatch, match="one run stopped while the other went on"):
+            check_same_output(model, PROMPT, ref, cand, spread=1e9)
+
+
 def test_a_spread_of_0_still_allows_one_rounding_step(bf16_case):
     """On a CPU the measured spread can be exactly 0 (the check saw it: bf16 kernels that accumulate in fp32 agree),
     yet a logit is rounded to bf16's grid everywhere, so two runs can part where the margin is one step of it. The

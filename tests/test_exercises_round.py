@@ -100,7 +100,8 @@ def test_alpha_for_speedup_checker_takes_the_right_answer_at_every_verify_cost()
         answer = float(grid[np.argmax(s >= 1.5)]) if s.max() >= 1.5 else float("nan")  # notebook 08's solution
         got = check_alpha_for_speedup(answer, 4, 0.1, vc, speedup=1.5)
         assert (got != got) if right == "nan" else abs(got - right) < 0.001, (vc, got)
-    for vc, wrong in [(1.44, 0.5), (1.44, None), (1.44, float("nan")), (3.0, 0.9), (0.2, 0.5), (0.2, float("nan"))]:
+    for vc, wrong in [(1.44, 0.5), (1.44, None), (1.44, float("nan")), (3.0, 0.9), (0.2, 0.5), (0.2, float("nan")),
+                      (0.2, -0.004)]:  # a negative α passed, within the tolerance of the answer 0
         with pytest.raises(AssertionError):
             check_alpha_for_speedup(wrong, 4, 0.1, vc, speedup=1.5)
     # Notebook 06's break-even at its committed costs: the root ± 0.004 passes, ± 0.012 fails on both sides.

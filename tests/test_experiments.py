@@ -150,6 +150,28 @@ def test_dynamic_gamma_grows_on_full_acceptance_and_stays_exact(target, draft):
     assert poor.history[0] == 5
 
 
+def test_dynamic_gamma_stops_at_the_ceiling_so_a_rejection_lowers_it():
+    """Ceiling 4, every draft kept for four rounds, then one rejected: γ grows 2 → 4 and stays there, and the
+    rejection takes it to 3. Before, the state kept growing (6, 8, 10) behind the ceiling, and the rounds after a
+    rejection still asked for 4 while the state only walked back down towards it."""
+    ref = torch.arange(100) % 50
+
+    class NextOfRef:  # drafts what follows in ref: right while the context follows ref
+        def propose(self, context, gamma, to_probs=None, generator=None):
+            tokens = ref[len(context): len(context) + gamma]
+            return tokens, torch.nn.functional.one_hot(tokens, 50).float()
+
+    dyn = DynamicGammaDrafter(NextOfRef(), start=2, grow=2, shrink=1)
+    context = ref[:5]
+    for _ in range(5):  # a round that keeps every draft: the context grows by them and the target's next token
+        tokens, _ = dyn.propose(context, 4, None)
+        context = ref[: len(context) + len(tokens) + 1]
+    assert dyn.history == [2, 4, 4, 4, 4] and dyn.gamma == 4
+    tokens, _ = dyn.propose(context, 4, None)
+    dyn.propose(torch.cat([context, (tokens[:1] + 1) % 50]), 4, None)  # its first draft rejected: the target's differs
+    assert dyn.history[-1] == 3
+
+
 def test_dynamic_gamma_history_is_the_gamma_asked_not_the_drafts_found(target):
     """A drafter that finds nothing (prompt lookup without a match) leaves γ as it was: the history shows that γ."""
     ref = greedy_reference(target, n=8)

@@ -97,6 +97,47 @@ def test_token_chi2_impossible_token_and_power_at_the_null():
     assert token_chi2_power(leaky, P_REAL, 600) > 1 - 0.99 ** 600 - 1e-9
 
 
+def test_a_rare_pooled_cell_joins_another_so_the_test_keeps_its_level():
+    """p = (0.5, 0.3, 0.2 − 1e-5, 1e-5), n = 1,000: the pooled cell expects 0.01, and one sample there made χ² ≈ 98
+    (p-value 4e-21). Now that cell joins the least expected own cell. The level holds: 5,000 draws of n = 1,000
+    from p itself (seed 0) are rejected 5 times at level 1e-3 expected; the threshold 15 is about 4 standard
+    deviations above that (this seed: 6), and the old pooling gave about 53. The control: the same test still rejects
+    a distribution 0.1 away in total variation (power > 0.99 by token_chi2_power)."""
+    p = torch.tensor([0.5, 0.3, 0.2 - 1e-5, 1e-5], dtype=torch.float64)
+    one_rare = torch.tensor([0] * 500 + [1] * 300 + [2] * 199 + [3])
+    assert token_chi2(one_rare, p).passed and token_chi2(one_rare, p).df == 2
+    gen = torch.Generator().manual_seed(0)
+    draws = torch.multinomial(p, 5_000 * 1_000, replacement=True, generator=gen).view(5_000, 1_000)
+    assert sum(not token_chi2(row, p).passed for row in draws) <= 15
+    shifted = torch.tensor([0.4, 0.4, 0.2 - 1e-5, 1e-5], dtype=torch.float64)
+    assert token_chi2_power(shifted, p, 1_000) > 0.99
+    assert not token_chi2(torch.multinomial(shifted, 1_000, replacement=True, generator=gen), p).passed
+
+
+def test_one_cell_is_an_empty_test_and_says_so():
+    """A one-hot p (greedy, top_k = 1) puts every sample in one cell: df 0. It was "FAIL: p-value = nan"."""
+    onehot = torch.tensor([0.0, 1.0, 0.0], dtype=torch.float64)
+    result = token_chi2([1] * 50, onehot)
+    assert result.passed and result.df == 0 and "nothing to test" in str(result)
+    assert token_chi2_power(onehot, onehot, 50) == 0.0  # nothing can reject samples of p itself
+    assert not token_chi2([1] * 49 + [0], onehot).passed  # an impossible token still fails at once
+
+
+def test_inputs_that_are_not_distributions_are_refused():
+    """A bonus row summing to 1.3 made the exact probabilities sum to 1.15 and the pooled cell expect −84.6, and the
+    test printed PASS; p summing to 0.9 passed after rescaling; a token id past p's length was an IndexError."""
+    bad_p = TOY_P.clone()
+    bad_p[2, 0] += 0.3
+    with pytest.raises(ValueError, match="p must hold distributions.*1.3"):
+        chi2_check(accept_and_resample, p=bad_p)
+    with pytest.raises(ValueError, match="q must hold distributions"):
+        chi2_check(accept_and_resample, q=2 * TOY_Q)
+    with pytest.raises(ValueError, match="p must hold distributions"):
+        token_chi2([1, 2], 0.9 * P_REAL)
+    with pytest.raises(ValueError, match="token id 9 is outside p's 9 ids"):
+        token_chi2([1, 9], P_REAL)
+
+
 def accept_with_one_uniform_per_round(p, q, draft_tokens, generator=None):
     """A plausible slip: one uniform for the whole round, compared with every draft's ratio, so that the decisions
     of a round are correlated (a draft is kept only if all earlier ones were kept at the same u)."""

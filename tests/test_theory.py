@@ -87,3 +87,28 @@ def test_total_variation_takes_tensors_on_a_device():
     with pytest.raises(TypeError, match="cuda"):
         np.asarray(a)  # the stand-in refuses, as CUDA does
     assert total_variation(a, b) == pytest.approx(0.5)
+
+
+def test_alpha_one_maps_back_to_one_at_every_gamma_c_and_verify_cost():
+    """α = 1's own speedup, fed back, was "out of reach" in 129 of 3,264 settings (e.g. γ 16, c 0.46, verify 1.1):
+    τ = speedup · (γc + verify) came out a rounding step above γ + 1."""
+    for gamma in (1, 4, 16):
+        for c in np.linspace(0, 1, 21):
+            for verify in (1.0, 1.1, 1.37, 2.0):
+                top = expected_speedup(1.0, gamma, c, verify)
+                assert alpha_for_speedup(top, gamma, c, verify) == pytest.approx(1.0, abs=1e-6), (gamma, c, verify)
+    with pytest.raises(ValueError, match="out of reach"):
+        alpha_for_speedup(1.01 * expected_speedup(1.0, 4, 0.2), 4, 0.2)  # beyond α = 1: still refused
+
+
+@pytest.mark.parametrize("call, says", [
+    (lambda: expected_speedup(0.8, 4, 0.1, verify_cost=0), "verify_cost .* must be > 0"),  # was inf
+    (lambda: expected_speedup(0.8, 4, 0.1, verify_cost=-1), "verify_cost .* must be > 0"),  # was −1.94
+    (lambda: alpha_for_speedup(-2, 4, 0.1), "speedup must be > 0"),  # was 2.9e-11
+    (lambda: alpha_for_speedup(1.5, 4, 0.1, verify_cost=-1), "verify_cost .* must be > 0"),
+    (lambda: total_variation([0.5, 0.5], [1.0]), "same tokens, got shapes"),  # broadcast: 0.5
+    (lambda: total_variation([3, 1], [0.5, 0.5]), "summing to 4"),  # was 1.5, above TV's bound of 1
+])
+def test_inputs_outside_the_formulas_are_refused(call, says):
+    with pytest.raises(ValueError, match=says):
+        call()

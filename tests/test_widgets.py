@@ -32,7 +32,16 @@ def test_check_answer_unanswered_is_not_an_error(capsys):
     assert "not answered yet" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("answer, expected", [(0.3, 0.2), ([1, 2], [1, 2, 3]), ("x", "y"), ("1", 2), ([0.7, 0.3], [0.75, 0.25])])
+def test_check_answer_takes_numpy_and_tensor_scalars_for_what_they_are(capsys):
+    assert check_answer("a", np.bool_(True), True) and check_answer("b", torch.tensor(0.5), 0.5)
+    assert check_answer("c", [np.float32(0.25), torch.tensor(1)], [0.25, 1])
+
+
+# a bool is not a number, nor a string a number: False passed for 0.0, "0.4" for 0.4, True for 1, [False, False,
+# True] for [0, 0, 1]
+@pytest.mark.parametrize("answer, expected", [(0.3, 0.2), ([1, 2], [1, 2, 3]), ("x", "y"), ("1", 2), ([0.7, 0.3], [0.75, 0.25]),
+                                              (False, 0.0), ("0.4", 0.4), (True, 1), ([False, False, True], [0, 0, 1]),
+                                              (1, True)])
 def test_check_answer_rejects_wrong_answers_with_the_hint(answer, expected):
     with pytest.raises(AssertionError, match="not right. Hint: think"):
         check_answer("q", answer, expected, hint="think")

@@ -171,11 +171,15 @@ def check_same_output(target, prompt_ids, reference_new, candidate_new, gamma: i
     if dtype == torch.float32:
         raise OutputMismatch(f"not the target's output in float32: {where}. In fp32 greedy speculative decoding "
                              "must be identical token for token: this is a bug (in the rule, the cache or the drafter).")
+    if None in (divergence["reference_token"], divergence["candidate_token"]):  # one is a prefix of the other
+        raise OutputMismatch(f"not the target's output in {str(dtype).removeprefix('torch.')}: {where}; one run "
+                             f"stopped while the other went on ({len(reference_new)} vs {len(candidate_new)} new "
+                             "tokens). Rounding can flip a token, EOS included, but cannot end a run without one: "
+                             "a bug, or the two ran with different max_new_tokens / eos_token_id.")
     if spread is None:
         context = torch.cat([_as_1d(prompt_ids, "prompt_ids"), _as_1d(reference_new, "reference_new")])
         spread = logit_spread(target, context, min(gamma, len(context) - 2))
     margin = divergence["candidate_margin"]
-    margin = divergence["top2_margin"] if margin is None else margin  # the candidate stopped: the runner-up's margin
     step = rounding_step(divergence["top_logit"], dtype)
     reach = max(spread, step)
     report.update(spread=spread, step=step, tolerance=2 * reach)

@@ -25,16 +25,16 @@ __all__ = ["check_answer", "check_alpha_for_speedup", "check_speculative_round"]
 
 
 def _matches(answer: Any, expected: Any, tol: float) -> bool:
-    """Numbers within ``tol``, strings without case or surrounding spaces, sequences element by element."""
+    """Numbers within ``tol``, strings without case or surrounding spaces, sequences element by element. A bool
+    matches only a bool and a number only a number: ``False`` is not the answer 0, nor ``"0.4"`` the answer 0.4."""
+    answer, expected = (x.item() if isinstance(x, (torch.Tensor, np.ndarray, np.generic)) and np.ndim(x) == 0 else x
+                        for x in (answer, expected))  # a 0-d tensor or numpy scalar is its Python number or bool
     if isinstance(expected, str):
         return isinstance(answer, str) and answer.strip().lower() == expected.strip().lower()
     if isinstance(expected, bool) or isinstance(answer, bool):
-        return answer is expected or answer == expected
-    if isinstance(expected, (int, float, np.integer, np.floating)):
-        try:
-            return math.isclose(float(answer), float(expected), rel_tol=tol, abs_tol=tol)
-        except (TypeError, ValueError):
-            return False
+        return isinstance(answer, bool) and isinstance(expected, bool) and answer == expected
+    if isinstance(expected, (int, float)):
+        return isinstance(answer, (int, float)) and math.isclose(answer, expected, rel_tol=tol, abs_tol=tol)
     # Tensors and arrays are compared as (nested) lists, so [0.75, 0, 0.25] matches a tensor.
     if isinstance(expected, (torch.Tensor, np.ndarray)):
         expected = expected.tolist()
@@ -85,6 +85,7 @@ def check_alpha_for_speedup(a, gamma: int, c: float, verify_cost: float, speedup
         assert a is not None and a != a, f"even α = 1 only gives {best:.2f}x here: set nan"
         return float("nan")
     assert a is not None and a == a, f"α = {a} does not give {speedup}x"
+    assert 0 <= a <= 1, f"α = {a} is not an acceptance rate: a probability lies in [0, 1]"
     if right == 0:
         worst = float(expected_speedup(0.0, gamma, c, verify_cost=verify_cost))
         assert abs(a) <= tol, f"even α = 0 gives {worst:.2f}x here (verify pass {verify_cost:.2f} steps): the answer is 0"

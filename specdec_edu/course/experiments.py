@@ -199,7 +199,7 @@ class DynamicGammaDrafter:
 
     After a round where every draft was accepted, γ grows by ``grow``; after a
     rejection it shrinks by ``shrink`` (never below ``min_gamma``). The ``gamma``
-    passed to ``speculative_generate`` is the ceiling. The wrapper learns each
+    passed to ``speculative_generate`` is the ceiling: γ never grows past it. The wrapper learns each
     round's outcome from the next context: the drafts it proposed are all there
     exactly when the round accepted all of them.
 
@@ -237,7 +237,10 @@ class DynamicGammaDrafter:
 
     def propose(self, context, gamma, to_probs, generator=None):
         self._update(context)
-        g = max(1, min(self.gamma, gamma))
+        # the state never passes the ceiling: grown past it, the rounds would still ask for the ceiling while
+        # rejections only walked the state back down towards it, so they changed nothing
+        self.gamma = max(self.min_gamma, min(self.gamma, gamma))
+        g = max(1, self.gamma)
         tokens, q = self.drafter.propose(context, g, to_probs, generator)
         self.history.append(g)  # the γ the rule chose, whatever the drafter could find
         self._last_context, self._last_drafts = context.clone(), tokens.clone()

@@ -72,10 +72,23 @@ class ChiSquareResult:
     def __str__(self) -> str:
         if self.impossible:
             return f"FAIL: {self.impossible} of {self.n:,} rounds emitted an outcome the correct rule never emits (p-value 0)"
+        if self.df == 0:
+            return (f"PASS, but empty: at n = {self.n:,} every outcome falls in one cell, so χ² has nothing to test "
+                    "(raise n)")
         verdict = "PASS" if self.passed else "FAIL"
         sign = "≥" if self.passed else "<"
         return (f"{verdict}: χ² = {self.statistic:.1f} (df {self.df}), p-value = {self.p_value:.2e} {sign} {self.level:g}, "
                 f"n = {self.n:,} rounds")
+
+
+def check_distribution(x: torch.Tensor, name: str) -> torch.Tensor:
+    """``x`` ``[..., V]`` if each row is a distribution (no negative entry, sums to 1 within 1e-6), else a ValueError:
+    the exact probabilities would not sum to 1, and the test would compare counts with a wrong expectation."""
+    sums = x.double().sum(-1)
+    if bool((x < 0).any()) or not torch.allclose(sums, torch.ones_like(sums), atol=1e-6):
+        raise ValueError(f"{name} must hold distributions (rows >= 0 that sum to 1); its rows sum to "
+                         f"{[round(v, 6) for v in sums.flatten().tolist()[:4]]}: normalise it (x / x.sum(-1, keepdim=True))")
+    return x
 
 
 def emitted_distribution(p: torch.Tensor, q: torch.Tensor) -> dict[tuple[int, ...], float]:
@@ -116,6 +129,9 @@ def chi2_check(
     ``generator`` (a CPU ``torch.Generator``) draws the drafts and is passed to the rule; by default a
     fresh one seeded with :data:`SEED`, so the same rule gives the same p-value every time.
     """
+    p, q = check_distribution(p, "p"), check_distribution(q, "q")
+    if p.dim() != 2 or q.dim() != 2 or p.shape != (q.shape[0] + 1, q.shape[1]) or n < 1:
+        raise ValueError(f"need p [γ+1, V], q [γ, V] and n >= 1 rounds; got p {tuple(p.shape)}, q {tuple(q.shape)}, n = {n}")
     if generator is None:
         generator = torch.Generator().manual_seed(SEED)
     gamma = q.shape[0]
@@ -133,36 +149,49 @@ def chi2_check(
     exact = emitted_distribution(p, q)
     counts = Counter(emitted)
     impossible = sum(c for outcome, c in counts.items() if outcome not in exact)
-    big = [outcome for outcome, prob in exact.items() if prob * n >= MIN_EXPECTED]
+    probs = torch.tensor(list(exact.values()), dtype=torch.float64)
+    ids = _cell_ids(probs, n)
     if impossible:  # one impossible outcome is proof enough; no χ² needed
-        return ChiSquareResult(0.0, float("inf"), len(big), n, impossible, level)
-    observed = [counts[o] for o in big] + [n - sum(counts[o] for o in big)]  # the last cell pools the rare outcomes
-    expected = [exact[o] * n for o in big] + [n - sum(exact[o] * n for o in big)]
-    if expected[-1] < 1e-9:  # nothing pooled: drop the empty "rest" cell
-        observed, expected = observed[:-1], expected[:-1]
-    return _goodness_of_fit(observed, expected, n, level)
+        return ChiSquareResult(0.0, float("inf"), int(ids.max()), n, impossible, level)
+    observed = torch.tensor([float(counts[o]) for o in exact], dtype=torch.float64)
+    return _goodness_of_fit(_cells(observed, ids).numpy(), (n * _cells(probs, ids)).numpy(), n, level)
 
 
 def _goodness_of_fit(observed, expected, n: int, level: float) -> ChiSquareResult:
-    """χ² of the counts ``observed`` against ``expected``, cell by cell (no impossible outcome among them)."""
+    """χ² of the counts ``observed`` against ``expected``, cell by cell (no impossible outcome among them).
+    One cell leaves nothing to test (df 0): p-value 1, and ``ChiSquareResult`` says the test was empty."""
     from scipy.stats import chisquare  # imported here: scipy comes with the [notebooks] extra
 
     observed, expected = np.asarray(observed, float), np.asarray(expected, float)
+    if len(observed) < 2:
+        return ChiSquareResult(1.0, 0.0, 0, n, 0, level)
     expected = expected * (observed.sum() / expected.sum())  # chisquare wants equal totals (float rounding aside, they are)
     test = chisquare(observed, expected)
     return ChiSquareResult(float(test.pvalue), float(test.statistic), len(observed) - 1, n, 0, level)
 
 
+def _cell_ids(p: torch.Tensor, n: int) -> torch.Tensor:
+    """The χ² cell of each outcome of ``p`` ``[K]`` (probabilities) at ``n`` samples, or −1 where p = 0 (no cell:
+    impossible). An outcome expected at least MIN_EXPECTED times has a cell of its own; the others share one; and
+    if that shared cell is itself expected fewer than MIN_EXPECTED times, it joins the least expected own cell.
+    (The χ² approximation needs every cell's expected count ≥ 5: a shared cell expecting 0.01 made one sample
+    count as χ² ≈ 100, and a correct rule failed ten times more often than ``level``.)"""
+    expected, ids = n * p, torch.full(p.shape, -1, dtype=torch.long)
+    big, small = expected >= MIN_EXPECTED, (p > 0) & (expected < MIN_EXPECTED)
+    ids[big] = torch.arange(int(big.sum()))
+    if small.any():
+        alone = expected[small].sum() >= MIN_EXPECTED or not big.any()
+        ids[small] = int(big.sum()) if alone else int(expected[big].argmin())  # ids[big] are 0, 1, … in order
+    return ids
+
+
+def _cells(x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Probabilities or counts ``[K]`` summed into the cells of ``_cell_ids`` (entries with id −1 left out)."""
+    keep = ids >= 0
+    return torch.zeros(int(ids.max()) + 1, dtype=x.dtype).index_add_(0, ids[keep], x[keep])
+
+
 # ---- one position of a real model: sampled tokens against the target's exact p ------------------------------
-
-
-def _cells(x: torch.Tensor, p: torch.Tensor, n: int) -> torch.Tensor:
-    """Probabilities or counts ``[V]`` → the test's cells: one per token with n·p ≥ MIN_EXPECTED, then the
-    other tokens of p's support pooled into one (tokens outside the support are not cells: they are impossible)."""
-    support = p > 0
-    big = support & (n * p >= MIN_EXPECTED)
-    rest = x[support & ~big].sum(0, keepdim=True)
-    return torch.cat([x[big], rest]) if (support & ~big).any() else x[big]
 
 
 def token_chi2(tokens, p: torch.Tensor, level: float = LEVEL) -> ChiSquareResult:
@@ -171,11 +200,15 @@ def token_chi2(tokens, p: torch.Tensor, level: float = LEVEL) -> ChiSquareResult
     For a real model: ``p`` is the target's warped distribution at one position, ``tokens`` what a decoder
     emitted there in n independent runs. A token with p = 0 cannot come from p: p-value 0 at once.
     """
-    p = p.double().cpu()  # the test is host arithmetic; p may come from a model on a GPU
-    counts = torch.bincount(torch.as_tensor(tokens).flatten().cpu(), minlength=len(p)).double()
-    n = int(counts.sum())
+    p = check_distribution(p.double().cpu(), "p")  # the test is host arithmetic; p may come from a model on a GPU
+    tokens = torch.as_tensor(tokens).flatten().cpu()
+    if len(tokens) and int(tokens.max()) >= len(p):
+        raise ValueError(f"token id {int(tokens.max())} is outside p's {len(p)} ids: test tokens against the "
+                         "distribution of the vocabulary they came from")
+    counts = torch.bincount(tokens, minlength=len(p)).double()
+    n, ids = int(counts.sum()), _cell_ids(p, int(counts.sum()))
     impossible = int(counts[p == 0].sum())
-    observed, expected = _cells(counts, p, n).numpy(), (n * _cells(p, p, n)).numpy()
+    observed, expected = _cells(counts, ids).numpy(), (n * _cells(p, ids)).numpy()
     if impossible:
         return ChiSquareResult(0.0, float("inf"), len(observed) - 1, n, impossible, level)
     return _goodness_of_fit(observed, expected, n, level)
@@ -192,7 +225,9 @@ def token_chi2_power(dist: torch.Tensor, p: torch.Tensor, n: int, level: float =
 
     p, dist = p.double(), dist.double()
     outside = float(dist[p == 0].sum())
-    cp, cd = _cells(p, p, n), _cells(dist, p, n)
+    ids = _cell_ids(p, n)
+    cp, cd = _cells(p, ids), _cells(dist, ids)
     df = len(cp) - 1
     lam = n * float(((cd - cp) ** 2 / cp).sum())
-    return 1 - (1 - outside) ** n * (1 - float(ncx2.sf(chi2.ppf(1 - level, df), df, lam)))
+    rejects = float(ncx2.sf(chi2.ppf(1 - level, df), df, lam)) if df else 0.0  # one cell: χ² never rejects
+    return 1 - (1 - outside) ** n * (1 - rejects)
