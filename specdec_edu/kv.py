@@ -272,6 +272,7 @@ class StaticKV:
             raise ValueError(f"a static cache supports attention layers only, this model also has {sorted(unsupported)}: "
                              "use compile=False.")
         self.max_len, self.length, self.device, self.holder = max_len, 0, model.device, None
+        self.dtype = next(model.parameters()).dtype  # K/V are allocated in it: a model moved since needs a new cache
         # Looked up once, here: inside a compiled step, plain attributes are free to read.
         self.keyword = _cache_keyword(type(model).forward)
         self.takes_cache_position = _takes_cache_position(type(model).forward)  # 4.x writes static K/V there
@@ -495,22 +496,28 @@ def shared_static_cache(model: torch.nn.Module, min_len: int, compile_options: d
     """
     caches = _shared.setdefault(model, {})
     static, options = caches.get(role), full_compile_options(model.device, compile_options)
-    failed = caches.get((role, "failed"))
-    if failed is not None and failed[0] == options:  # compiling these options failed once: fail fast, not minutes later
+    failed, dtype = caches.get((role, "failed")), next(model.parameters()).dtype
+    if failed is not None and failed[0] == (options, dtype):  # failed once as it is: fail fast, not minutes later
         raise RuntimeError(f"failed before with these options, not retried: {failed[1]}")
-    if static is None or static.max_len < min_len or static.compile_options != options:
+    if static is None or static.max_len < min_len or static.compile_options != options or not made_for(static, model):
         try:
             static = new_static_cache(model, max(256, 1 << (min_len - 1).bit_length()), compile=True,
                                       compile_options=compile_options)
         except Exception as exc:  # noqa: BLE001 (a compiler failure; the caller decides to run eager)
             # Remembered as its message only: the exception holds frames (dynamo's keeps the frame it compiled), and
             # they the half-built cache, whose K/V would stay on the GPU for as long as the model lives.
-            caches[(role, "failed")] = (options, root_cause(exc)[1])
+            caches[(role, "failed")] = ((options, dtype), root_cause(exc)[1])
             raise
         caches[role] = static
     static.rollback(static.length)
     static.holder = None
     return static
+
+
+def made_for(static: StaticKV, model: torch.nn.Module) -> bool:
+    """Was ``static`` made for ``model`` as it is now: its device and dtype? (``model.to(torch.float64)`` or to another
+    GPU after a compiled call: the old cache would feed float32 K/V, or K/V on the old device, to the moved model.)"""
+    return static.device == model.device and static.dtype == next(model.parameters()).dtype
 
 
 def root_cause(exc: BaseException) -> tuple[BaseException, str]:
@@ -528,7 +535,7 @@ def existing_static_cache(model: torch.nn.Module, min_len: int, role: str = "tar
     ``min_len`` positions; else None. It never compiles: for a measurement that wants the compiled path only
     where a generation already paid for it."""
     static = _shared.get(model, {}).get(role)
-    if static is None or static.max_len < min_len:
+    if static is None or static.max_len < min_len or not made_for(static, model):
         return None
     static.rollback(static.length)
     static.holder = None

@@ -325,3 +325,16 @@ def test_with_cuda_graphs_every_width_runs_twice_when_the_cache_is_made(mode, ca
     static.compiled_step = lambda m, width: lambda *args, **kw: (seen.append(width), kv.forward_at_positions(*args, **kw))[1]
     static._compile_every_width(model)
     assert seen == [w for w in kv.WIDTHS for _ in range(calls)] and kv.cache_length(static) == 0
+
+
+def test_a_model_moved_to_another_dtype_gets_a_new_compiled_cache():
+    """A compiled call, then ``model.to(torch.float64)``: the shared cache was reused (it checked only its length and
+    options), so the next compiled call fed float32 K/V to the float64 model and failed inside the forward, where the
+    eager fallback cannot catch it. Now the cache is made again for the model as it is, and matches eager."""
+    model, prompt = tiny_llama(seed=0, max_positions=64), torch.tensor([[3, 4, 5]])
+    first = autoregressive_generate(model, prompt, max_new_tokens=6, compile=True, compile_options=COMPILE)
+    model.to(torch.float64)
+    again = autoregressive_generate(model, prompt, max_new_tokens=6, compile=True, compile_options=COMPILE)
+    assert again.stats.compiled and kv.existing_static_cache(model, 8).dtype == torch.float64
+    assert again.sequences.tolist() == autoregressive_generate(model, prompt, max_new_tokens=6).sequences.tolist()
+    assert first.stats.compiled
