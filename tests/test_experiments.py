@@ -202,6 +202,9 @@ def test_interleaved_benchmark_order_and_warmup():
     res = interleaved_benchmark(fns, repeats=2, warmup=1, progress=False)
     assert calls == ["a", "b"] * 3
     assert res == {"a": [1, 1], "b": [2, 2]}
+    for repeats, warmup in ((0, 1), (2, -2)):  # returned empty lists before (a median of nothing failed later)
+        with pytest.raises(ValueError, match="repeats >= 1"):
+            interleaved_benchmark(fns, repeats=repeats, warmup=warmup, progress=False)
 
 
 def test_timed_returns_the_result_and_the_seconds_between_two_clock_readings(monkeypatch):

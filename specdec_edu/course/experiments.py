@@ -296,6 +296,9 @@ def interleaved_benchmark(fns: dict[str, Callable[[], object]], repeats: int = 3
     """
     from tqdm.auto import tqdm
 
+    if repeats < 1 or warmup < 0:  # no repeat would leave every list empty, and a median of nothing fails later
+        raise ValueError(f"repeats={repeats}, warmup={warmup}: time each function at least once (repeats >= 1), "
+                         "after warmup >= 0 untimed runs")
     results: dict[str, list] = {name: [] for name in fns}
     rounds = range(warmup + repeats)
     for i in tqdm(rounds, desc="benchmark", leave=False) if progress else rounds:
