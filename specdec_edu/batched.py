@@ -22,10 +22,10 @@ import torch
 import torch.nn.functional as F
 
 from . import kv
-from .drafters import ModelDrafter, draft_loop, reduced_head
+from .drafters import ModelDrafter, draft_loop, no_drafts, reduced_head
 from .models.shapes import head_rows, max_positions, sliding_window
 from .result import GenerationResult, GenerationStats, PhaseClock, RoundRecorder
-from .round import round_gamma, speculative_round
+from .round import past_draft_limit, refuse_unreadable_prompt, round_gamma, speculative_round
 from .sampling import GenerationConfig, nonfinite_logits_error, sample
 
 
@@ -61,6 +61,7 @@ class Batch:
         self.newest = ids[:, -1]  # left padding: the last column is real for every row
         self.prompts, self.prompt_mask = ids, mask
         self.generating = torch.ones_like(self.newest)  # [B] 1 for rows still generating, 0 for finished ones
+        self.outgrown = False  # has a row outgrown the draft model's positions? Then it reads and drafts no more
 
     def prefill(self) -> None:
         """The target reads every prompt but its last token (which the first verify pass feeds)."""
@@ -84,6 +85,9 @@ class Batch:
 
     def draft(self, gamma_round: int):
         """Drafts ``[B, γ]`` and q ``[B, γ, V]``: the draft reads what it has not, then drafts γ tokens per row."""
+        if self.outgrown:  # it could not read what it has not: target-only rounds to the end (γ is 0 there anyway)
+            self.q_not_finite = torch.zeros((), dtype=torch.bool, device=self.newest.device)
+            return no_drafts(self.vocab_size, self.newest.device, self.newest.shape)
         logits = self.draft_logits(*self.unread)
         drafts, q = draft_loop(logits, gamma_round, self.config.to_probs, self.generator, self.draft_step)
         # NaN in q means NaN/inf draft logits (greedy to_probs puts a NaN there too): read with the round's decision
@@ -173,7 +177,7 @@ def batched_speculative_generate(target, drafter: ModelDrafter, input_ids, atten
     clock = PhaseClock(input_ids.device, profile)
     rows, batch = _recorders(target, attention_mask, config, clock), GenerationStats()  # batch: its rounds and times
     draft_limit = max_positions(drafter.model)
-    round_gamma(gamma, rows, draft_limit)  # prompts the draft cannot read: raise now
+    refuse_unreadable_prompt(max(row.length for row in rows), draft_limit)
     loop = Batch(target, drafter, input_ids, attention_mask, config, generator)
     loop.prefill()
     batch.prefill_seconds = clock.lap()
@@ -183,6 +187,9 @@ def batched_speculative_generate(target, drafter: ModelDrafter, input_ids, atten
         loop.generating = torch.tensor([not row.stats.stopped_by for row in rows], device=input_ids.device).long()
         # One γ for the batch: no row still generating may pass its limits, nor the draft its positions.
         gamma_round = round_gamma(gamma, generating, draft_limit)
+        if draft_limit is not None and not loop.outgrown and max(row.length for row in generating) > draft_limit:
+            past_draft_limit(max(row.length for row in generating), draft_limit)  # γ is 0 from here: said once
+            loop.outgrown = True
         drafts, n, next_token, phases = speculative_round(loop, gamma_round, config, accept_fn, generator, clock)
         batch.rounds += 1
         batch.record_times(phases, profile)

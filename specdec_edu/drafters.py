@@ -47,7 +47,7 @@ import torch.nn.functional as F
 
 from . import kv
 from .models.shapes import head_rows, max_positions
-from .round import gamma_within
+from .round import gamma_within, past_draft_limit, refuse_unreadable_prompt
 from .sampling import sample
 
 ToProbs = Callable[[torch.Tensor], torch.Tensor]
@@ -258,6 +258,7 @@ class ModelDrafter:
         self.n_cached = 0  # positions in the cache (host int: never read back from the device)
         self.last_context = torch.empty(0, dtype=torch.long)  # the context of the last propose, on the host
         self.n_draft_cached = 0  # drafts fed after last_context: γ − 1 after a propose
+        self.past_limit = False  # has this generation's context outgrown the draft model (said once)?
 
     def check_target(self, target) -> None:
         """Refuse a ``target`` whose head has fewer token ids than this drafter proposes (``check_draft_head``)."""
@@ -299,12 +300,20 @@ class ModelDrafter:
     def propose(self, context, gamma, to_probs, generator=None):
         """Draft γ' tokens after ``context`` ``[n]`` (host); returns tokens ``[γ']`` and q ``[γ', V']``.
 
-        γ' = γ, or fewer where the draft model's own position limit leaves no room for γ."""
+        γ' = γ, or fewer where the draft model's own position limit leaves no room for γ: none once the context
+        has outgrown it (with a warning, once per generation); a first context it cannot read at all is refused."""
         check_propose_args(context, gamma)
         context = context.cpu()  # the loop passes a host tensor already (a device one would cost a sync here)
         if self.static is not None and self.static.holder is not self._mark:
             self.reset()  # another ModelDrafter of this model used the shared cache since: none of its K/V are ours
-        gamma = gamma_within(gamma, len(context), draft_limit=max_positions(self.model))
+        limit = max_positions(self.model)
+        if limit is not None and len(context) > limit:  # the context outgrew the draft (or the prompt is too long)
+            if not len(self.last_context):  # its first round of this generation: the prompt itself
+                refuse_unreadable_prompt(len(context), limit)
+            if not self.past_limit:
+                past_draft_limit(len(context), limit)
+                self.past_limit = True
+        gamma = gamma_within(gamma, len(context), draft_limit=limit)
         if gamma < 1:
             return no_drafts(self.head_size or self.vocab_size, self.model.device)
         # 1. Roll the cache back to what still matches the context (rejected drafts go).

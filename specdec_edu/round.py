@@ -18,6 +18,7 @@ in a *loop* object with four methods, ``draft``, ``verify``, ``read_and_check`` 
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Protocol
 
@@ -101,14 +102,9 @@ def gamma_within(gamma: int, length: int, *, new_tokens_left: int | None = None,
     - ``draft_limit``, the draft model's positions: drafting reads the context, then the first γ − 1
       drafts (the last one is never fed): ``length + γ − 1`` positions. Past its limit a model with
       learned positions (GPT-2) fails with an IndexError, one with rotary positions runs where it was
-      never trained. A context it cannot read at all raises, naming the fix.
+      never trained. A context it cannot read at all gets γ = 0: from there the target decodes alone
+      (``past_draft_limit`` says so; a prompt it cannot read is refused up front, ``refuse_unreadable_prompt``).
     """
-    if draft_limit is not None and length > draft_limit:
-        raise ValueError(
-            f"the draft model reads at most {draft_limit} positions (config.max_position_embeddings / n_positions), "
-            f"but the context has {length} tokens: shorten the prompt (or lower max_new_tokens), or use a draft "
-            "model with a longer context."
-        )
     caps = [gamma]
     if new_tokens_left is not None:
         caps.append(new_tokens_left - 1)
@@ -117,6 +113,25 @@ def gamma_within(gamma: int, length: int, *, new_tokens_left: int | None = None,
     if draft_limit is not None:
         caps.append(draft_limit - length + 1)
     return max(0, min(caps))
+
+
+def refuse_unreadable_prompt(length: int, draft_limit: int | None) -> None:
+    """Before a generation: a prompt of ``length`` tokens that the draft model cannot read raises, naming the fix
+    (the draft would never draft: speculative decoding would be target-only decoding, slower)."""
+    if draft_limit is not None and length > draft_limit:
+        raise ValueError(
+            f"the draft model reads at most {draft_limit} positions (config.max_position_embeddings / n_positions), "
+            f"but the prompt has {length} tokens: shorten the prompt, or use a draft model with a longer context."
+        )
+
+
+def past_draft_limit(length: int, draft_limit: int) -> None:
+    """During a generation, once per generation: the context (``length`` tokens) has outgrown the draft model, so
+    the rounds from here are target-only steps. The tokens stay the target's; only the drafting stops (it used to
+    raise, losing what was generated)."""
+    warnings.warn(f"the draft model reads at most {draft_limit} positions (config.max_position_embeddings / "
+                  f"n_positions) and the context now has {length} tokens: from here the target decodes alone, one "
+                  "token per round. A draft model with a longer context would keep drafting.", stacklevel=3)
 
 
 def accept(rule: AcceptRule, p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor,

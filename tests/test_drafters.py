@@ -1,6 +1,7 @@
 """The drafter protocol (specdec_edu.drafters): the one drafting loop, the optional hooks, the draft
 model's own position limit, and the draft model's cache behind prompt lookup."""
 
+import warnings
 from types import SimpleNamespace
 
 import pytest
@@ -8,7 +9,7 @@ import torch
 from conftest import tiny_llama
 from test_feature_drafters import forced_onto
 
-from specdec_edu import LookupThenDrafter, ModelDrafter, PromptLookupDrafter, speculative_generate
+from specdec_edu import LookupThenDrafter, ModelDrafter, PromptLookupDrafter, autoregressive_generate, speculative_generate
 from specdec_edu.drafters import check_drafter_target, draft_loop, reset_drafter, wants_features
 from specdec_edu.sampling import sample
 from specdec_edu.verify import accept_and_resample, verify_drafts
@@ -128,15 +129,37 @@ def test_a_context_longer_than_the_draft_reads_is_refused_by_name(target, family
         speculative_generate(target, ModelDrafter(draft), prompt[None], max_new_tokens=5)
 
 
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_an_output_that_outgrows_the_draft_is_finished_by_the_target(target, family):
+    """A 10-token prompt, 20 new tokens, a draft that reads 16 positions: the draft drafts while it can, one warning
+    says when it stops, and the target finishes alone: its own tokens, all 20. Before: a ValueError at token 17, and
+    the generated tokens were lost."""
+    draft = gpt2_draft(16) if family == "gpt2" else tiny_llama(seed=1, max_positions=16)
+    prompt = (torch.arange(10) * 7 % 64)[None]
+    with pytest.warns(UserWarning, match="reads at most 16 positions .* from here the target decodes alone") as said:
+        out = speculative_generate(target, draft, prompt, max_new_tokens=20, gamma=4)
+    assert len([w for w in said if "decodes alone" in str(w.message)]) == 1
+    assert out.row(0).tolist() == autoregressive_generate(target, prompt, max_new_tokens=20).row(0).tolist()
+    assert out.stats.drafted > 0 and out.stats.drafted_per_round[-1] == 0  # drafted early on, not at the end
+
+
 def test_near_its_limit_the_draft_model_drafts_fewer_tokens():
     """Limit 16: after 14 tokens a round may draft 3 (the draft reads positions 0 … 15; GPT-2 raised an
-    IndexError at position 16 before), after 16 tokens 1 (never fed), after 17 none fit: an error."""
+    IndexError at position 16 before), after 16 tokens 1 (never fed), after 17 none fit: no drafts, said once
+    per generation (it raised, and the generation was lost). A first round with 17 tokens is a prompt the draft
+    cannot read: refused, naming the fix."""
     drafter, softmax = ModelDrafter(gpt2_draft(16)), lambda x: x.softmax(-1)
     for length, drafted in [(14, 3), (16, 1)]:
         drafter.reset()
         tokens, q = drafter.propose(torch.arange(length), 4, softmax, torch.Generator().manual_seed(0))
         assert tokens.shape == (drafted,) and q.shape == (drafted, 64)
-    with pytest.raises(ValueError, match="at most 16 positions.*17 tokens"):
+    with pytest.warns(UserWarning, match="at most 16 positions .* now has 17 tokens"):
+        assert len(drafter.propose(torch.arange(17), 4, softmax)[0]) == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once: the next round is silent
+        assert len(drafter.propose(torch.arange(18), 4, softmax)[0]) == 0
+    drafter.reset()
+    with pytest.raises(ValueError, match="at most 16 positions.*the prompt has 17 tokens"):
         drafter.propose(torch.arange(17), 4, softmax)
 
 

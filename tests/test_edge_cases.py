@@ -215,13 +215,17 @@ def short_gpt2_draft():
 
 
 def test_batched_checks_the_drafts_position_limit(target, short_gpt2_draft):
-    """Two 20-token prompts, a draft with 16 positions: a clear error up front; prompts of 10 tokens that grow past
-    16: a clear error when they get there. Before: a raw IndexError from the draft's position embedding."""
-    with pytest.raises(ValueError, match="draft model reads at most 16 positions"):
+    """Two 20-token prompts, a draft with 16 positions: a clear error up front (before: a raw IndexError from the
+    draft's position embedding). Prompts of 10 tokens that grow past 16: one warning there, then target-only rounds
+    to the end, the target's tokens throughout (before: an error there, and what was generated was lost)."""
+    with pytest.raises(ValueError, match="draft model reads at most 16 positions.*the prompt has 20 tokens"):
         speculative_generate(target, short_gpt2_draft, torch.randint(0, 64, (2, 20)), max_new_tokens=4, gamma=2)
     ids = torch.stack([PROMPTS[2].repeat(4)[:10], PROMPTS[5].repeat(2)[:10]])
-    with pytest.raises(ValueError, match="draft model reads at most 16 positions"):
-        speculative_generate(target, short_gpt2_draft, ids, max_new_tokens=12, gamma=3)
+    with pytest.warns(UserWarning, match="reads at most 16 positions .* from here the target decodes alone") as said:
+        past = speculative_generate(target, short_gpt2_draft, ids, max_new_tokens=12, gamma=3)
+    assert len([w for w in said if "decodes alone" in str(w.message)]) == 1
+    for i in range(2):
+        assert past.row(i).tolist() == reference(target, ids[i], 12)[10:].tolist()
     out = speculative_generate(target, short_gpt2_draft, ids, max_new_tokens=6, gamma=3)  # within 16: γ is cut to fit
     for i in range(2):
         assert out.row(i).tolist() == reference(target, ids[i], 6)[10:].tolist()

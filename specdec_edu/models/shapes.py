@@ -1,9 +1,10 @@
 """Three questions the loops ask of a model, target or draft, from its shapes alone.
 
 ``head_rows``: how many token ids can its output head produce? A draft must produce no id the
-target lacks (``generate.as_drafter`` checks it), and every q is padded to the target's rows.
-``max_positions``: how many positions can it read? Generation stops there (``result.stop_reason``),
-and a draft's γ is cut so that it never reads past its own limit (``round.gamma_within``).
+target lacks (``ModelDrafter.check_target`` checks it), and every q is padded to the target's rows.
+``max_positions``: how many positions can it read? Generation stops at the target's (``result.stop_reason``);
+a draft's γ is cut so that it never reads past its own limit (``round.gamma_within``), and once the context
+has outgrown the draft, the target finishes alone (``round.past_draft_limit`` says so, once).
 ``sliding_window``: does it attend within a window of the last W positions? The batched loop, which keeps
 rejected drafts as masked cache slots, is exact only while the window holds every slot (``batched``).
 """
