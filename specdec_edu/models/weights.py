@@ -30,6 +30,7 @@ Environment variables
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -90,8 +91,21 @@ def embedded_target_dir() -> Path:
 
 
 def is_complete_checkpoint(path: Path) -> bool:
-    """True when ``path`` holds a loadable checkpoint (a config and the weights)."""
-    return (path / "config.json").is_file() and (path / "model.safetensors").is_file()
+    """True when ``path`` holds a loadable checkpoint: a config that parses, the tokenizer, and weights whose file is
+    as long as its own header says (a truncated or empty file is not: it used to pass on existence alone, and the
+    load then failed with safetensors' "incomplete metadata", naming no fix). Checked in microseconds: the header
+    only, no checksum of the weights."""
+    try:
+        json.loads((path / "config.json").read_text())
+        if not (path / "tokenizer.json").is_file():
+            return False
+        with open(path / "model.safetensors", "rb") as f:
+            header_bytes = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(header_bytes))
+            data_bytes = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+            return f.seek(0, os.SEEK_END) == 8 + header_bytes + data_bytes
+    except (OSError, ValueError, KeyError, TypeError):  # missing, unreadable, not JSON, a damaged header
+        return False
 
 
 # --------------------------------------------------------------------------------------
@@ -233,10 +247,18 @@ def ensure_embedded_target() -> Path:
     target = embedded_target_dir()
     if is_complete_checkpoint(target):
         return target
-    _log(f"first use: building the embedded target in {target}")
+    if target.exists():
+        _log(f"the cache in {target} is incomplete or damaged (an interrupted copy?): building it again")
+    else:
+        _log(f"first use: building the embedded target in {target}")
     root = cache_root()
-    root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{CACHE_SUBDIR}.tmp-", dir=root))
+    made_root = not root.exists()  # a folder we make, we may remove again; the user's own stays
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{CACHE_SUBDIR}.tmp-", dir=root))
+    except OSError as exc:
+        raise EmbeddedModelError(f"cannot write the model cache in {root} ({exc.strerror or exc}): set "
+                                 "SPECDEC_EDU_CACHE to a folder you can write to.") from exc
     try:
         download_dir = staging / "download"
         download_dir.mkdir()
@@ -248,14 +270,16 @@ def ensure_embedded_target() -> Path:
         _log("done: later loads read the cache and take a second or two.")
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-        _remove_if_empty(root)
+        if made_root:
+            _remove_if_empty(root)
     return target
 
 
 def _move_into_place(built: Path, target: Path) -> None:
     """Atomically rename the finished build to its final name."""
     if target.exists() and not is_complete_checkpoint(target):
-        shutil.rmtree(target)  # an incomplete leftover from an interrupted older tool
+        # an incomplete leftover; another process building at the same time may remove it first
+        shutil.rmtree(target, ignore_errors=True)
     try:
         os.replace(built, target)
     except OSError:
