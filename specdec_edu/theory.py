@@ -41,13 +41,14 @@ def expected_tokens_per_round(alpha, gamma):
 
     Works elementwise on numpy arrays too.
     """
-    a, g = _check(alpha, gamma), np.asarray(gamma, float)
-    with np.errstate(divide="ignore", invalid="ignore"):  # log 0 = −inf at α = 0 (the ratio is then 1); 0/0 at α = 1
-        log_a = np.log(a)
-        # (1 − α^(γ+1)) / (1 − α) as expm1 over expm1: no cancellation near α = 1, where the plain form lost digits
-        # (and an isclose(α, 1) shortcut made α ≥ 0.99999 yield exactly γ + 1, so its inverse stopped short of 1)
-        ratio = np.expm1((g + 1) * log_a) / np.expm1(log_a)
-    return _scalar_or_array(np.where(a == 1, g + 1, ratio))
+    a, g = _check(alpha, gamma), np.asarray(gamma)
+    near = (a > 0.999) & (a < 1)  # the plain form loses digits to cancellation here: expm1 over expm1 does not
+    safe = np.where((a == 1) | near, 0.5, a)  # no 0/0 at α = 1, no log of 0 at α = 0: those entries are replaced below
+    plain = (1 - safe ** (g + 1)) / (1 - safe)
+    log_a = np.log(np.where(near, a, 0.5))
+    exact_near_one = np.expm1((g + 1) * log_a) / np.expm1(log_a)  # (an isclose(α, 1) shortcut, here before, made
+    # α ≥ 0.99999 give exactly γ + 1, so the inverse stopped short of 1)
+    return _scalar_or_array(np.where(a == 1, g + 1.0, np.where(near, exact_near_one, plain)))
 
 
 def expected_speedup(alpha, gamma, c, verify_cost=1.0):
