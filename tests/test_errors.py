@@ -35,7 +35,7 @@ def test_vocabulary_mismatch(target):
 @pytest.mark.parametrize(
     "kwargs, fix",
     [
-        (dict(gamma=0), "at least 1"),
+        (dict(gamma=0), "whole number of tokens per round, at least 1"),
         (dict(gamma=2.5), "whole number of tokens per round"),  # was a bare TypeError from range() in the first round
         (dict(max_new_tokens=0), "at least 1 new token"),
         (dict(do_sample=True, top_p=0.0), "top_p=1.0"),
