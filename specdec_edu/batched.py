@@ -187,8 +187,9 @@ def batched_speculative_generate(target, drafter: ModelDrafter, input_ids, atten
         loop.generating = torch.tensor([not row.stats.stopped_by for row in rows], device=input_ids.device).long()
         # One γ for the batch: no row still generating may pass its limits, nor the draft its positions.
         gamma_round = round_gamma(gamma, generating, draft_limit)
-        if draft_limit is not None and not loop.outgrown and max(row.length for row in generating) > draft_limit:
-            past_draft_limit(max(row.length for row in generating), draft_limit)  # γ is 0 from here: said once
+        longest = max(row.length for row in generating)
+        if draft_limit is not None and not loop.outgrown and longest > draft_limit:
+            past_draft_limit(longest, draft_limit)  # γ is 0 from here: said once
             loop.outgrown = True
         drafts, n, next_token, phases = speculative_round(loop, gamma_round, config, accept_fn, generator, clock)
         batch.rounds += 1

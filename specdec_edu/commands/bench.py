@@ -398,10 +398,11 @@ def plot_result(result: dict, path: str) -> None:
 
 def check_output_folders(*paths: str | None) -> None:
     """Refuse, before anything is measured, an output file (``--json``, ``--plot``) whose folder does not exist."""
-    for path in paths:
-        if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-            raise SystemExit(f"{path}: its folder {os.path.dirname(os.path.abspath(path))} does not exist; create it "
-                             "first (mkdir -p), or write the file elsewhere")
+    for path in filter(None, paths):
+        folder = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(folder):
+            raise SystemExit(f"{path}: its folder {folder} does not exist; create it first (mkdir -p), or write the "
+                             "file elsewhere")
 
 
 def save_json(result: dict, path: str) -> None:

@@ -174,10 +174,10 @@ def run_report(target, draft, tokenizer, settings: ReportSettings | None = None,
         alphas.append(alpha)
         if not check["identical"]:
             say(f"  note: {check['message']}")
-    alpha_own = statistics.median(alphas)
+    alpha_own, speedup_own = statistics.median(alphas), statistics.median(speedups)
     say(f"the pair's own draft, {len(prompts)} chat prompt(s), {settings.max_new_tokens} new tokens, γ = "
-        f"{settings.gamma}: measured {statistics.median(speedups):.2f}× (median), α = {alpha_own:.2f}")
-    say("  " + verdict(costs, alpha_own, settings.gamma, statistics.median(speedups)))
+        f"{settings.gamma}: measured {speedup_own:.2f}× (median), α = {alpha_own:.2f}")
+    say("  " + verdict(costs, alpha_own, settings.gamma, speedup_own))
 
     vocab = target.config.vocab_size
     reference = autoregressive_generate(target, prompts[0], max_new_tokens=settings.max_new_tokens).sequences[0]
@@ -189,7 +189,7 @@ def run_report(target, draft, tokenizer, settings: ReportSettings | None = None,
     say("  " + verdict(costs, dial.alpha, settings.gamma, dial_speedup,
                        subject=f"a drafter with this draft's cost at α = {dial.alpha:.2f}"))
     return {"device": name, "dtype": str(dtype), "compiled": compiled, "first_call_seconds": first, **costs,
-            "speedup_own": statistics.median(speedups), "alpha_own": alpha_own, "speedup_dial": dial_speedup,
+            "speedup_own": speedup_own, "alpha_own": alpha_own, "speedup_dial": dial_speedup,
             "alpha_dial": dial_alpha}
 
 
