@@ -155,3 +155,15 @@ def test_one_uniform_per_round_is_rejected_at_3000_rounds():
     passes at 3,000 too (the control of the control)."""
     assert not chi2_check(accept_with_one_uniform_per_round, n=3_000).passed
     assert chi2_check(accept_and_resample, n=3_000).passed
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_token_chi2_and_its_power_take_distributions_from_a_gpu():
+    """Notebook 11 computes p and q with a model on the learner's GPU. On the H200 (2026-12-04) its cell 18 failed
+    in token_chi2_power: the χ² cells were built on the host and filled from a CUDA tensor."""
+    shifted = P_REAL.clone()
+    shifted[1], shifted[4] = 0.30, 0.20
+    on_gpu = token_chi2_power(shifted.cuda(), P_REAL.cuda(), 600)
+    assert on_gpu == pytest.approx(token_chi2_power(shifted, P_REAL, 600))
+    tokens = torch.multinomial(P_REAL, 600, replacement=True, generator=torch.Generator().manual_seed(0))
+    assert token_chi2(tokens.cuda(), P_REAL.cuda()).p_value == pytest.approx(token_chi2(tokens, P_REAL).p_value)

@@ -223,7 +223,7 @@ def token_chi2_power(dist: torch.Tensor, p: torch.Tensor, n: int, level: float =
     """
     from scipy.stats import chi2, ncx2
 
-    p, dist = p.double(), dist.double()
+    p, dist = p.double().cpu(), dist.double().cpu()  # host arithmetic, as in token_chi2: they may come from a GPU
     outside = float(dist[p == 0].sum())
     ids = _cell_ids(p, n)
     cp, cd = _cells(p, ids), _cells(dist, ids)
