@@ -327,6 +327,26 @@ def test_with_cuda_graphs_every_width_runs_twice_when_the_cache_is_made(mode, ca
     assert seen == [w for w in kv.WIDTHS for _ in range(calls)] and kv.cache_length(static) == 0
 
 
+def test_inductors_tf32_advice_is_silenced_while_widths_compile_and_other_warnings_pass():
+    """On an H200 (2026-12-04), compiling the embedded pair in float32 printed inductor's "TensorFloat32 tensor cores
+    ... not enabled" advice in 7 of the 12 notebooks: noise where float32 is chosen to be exact. Only that one is
+    silenced. (The compiled step is stood in for by a forward that warns as inductor does.)"""
+    model = tiny_llama(seed=9)
+    static = kv.new_static_cache(model, 32)  # not compiled: the widths are run by hand below
+    static.widths = kv.WIDTHS
+
+    def step(*args, **kw):
+        warnings.warn("TensorFloat32 tensor cores for float32 matrix multiplication available but not enabled.", stacklevel=2)
+        warnings.warn("another warning", stacklevel=2)
+        return kv.forward_at_positions(*args, **kw)
+
+    static.compiled_step = lambda m, width: step
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        static._compile_every_width(model)
+    assert {str(w.message) for w in caught} == {"another warning"}
+
+
 def test_a_model_moved_to_another_dtype_gets_a_new_compiled_cache():
     """A compiled call, then ``model.to(torch.float64)``: the shared cache was reused (it checked only its length and
     options), so the next compiled call fed float32 K/V to the float64 model and failed inside the forward, where the
