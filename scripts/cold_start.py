@@ -17,6 +17,9 @@ Each measurement is a new Python process (``--child``) that reports four parts:
 - **first token**: after that, ``speculative_generate`` up to the end of its first round, which drafts γ = 4 and
   verifies them (the first new token is emitted there).
 
+After the clock, each row also gives ``target_step_ms``: the target's one-token step on that path (the mean of 32,
+target-only, on the caches the start made), so that a path's start and its speed are weighed in one run.
+
 ``total`` is the wall time from the parent starting the process to the child's first token (interpreter start
 included). Every path runs **cold** (empty compile caches: ``TORCHINDUCTOR_CACHE_DIR`` and ``TRITON_CACHE_DIR``
 point at a fresh temporary folder) and then **warm** (the same folder, now filled), with all CPUs and under
@@ -45,6 +48,7 @@ PATHS = {"default": None, "inductor": {"backend": "inductor", "mode": "default"}
          "eager": None}
 PARTS = ("import", "build", "compile", "first_token")
 GAMMA = 4  # the course's γ
+STEPS = 32  # one-token target steps timed after the first token: their mean is the path's step
 
 
 def child(args) -> dict:
@@ -57,7 +61,7 @@ def child(args) -> dict:
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(ROOT / "scripts"))
     from gpu_check import SIZES, make_model  # the same shapes as the GPU check
-    from specdec_edu import kv, speculative_generate
+    from specdec_edu import autoregressive_generate, kv, speculative_generate
     from specdec_edu.drafters import ModelDrafter
     from specdec_edu.generate import compiles_by_default
     from specdec_edu.models.devices import default_device, default_dtype
@@ -92,8 +96,16 @@ def child(args) -> dict:
     before_clock = (time.perf_counter() - start) - stats.seconds
     times["first_token"] = before_clock + stats.prefill_seconds + sum(s[0] for s in stats.phase_seconds.values())
     times["total"] = time.time() - spawned
+
+    # What the wait buys: the target's one-token step on this path, on the caches made above (after the clock of the
+    # cold start). A path that starts fast but steps slowly is no default: the two are weighed together.
+    timed = autoregressive_generate(target, prompt.to(device), max_new_tokens=STEPS + 1, compile=compiled,
+                                    compile_options=options)
+    sync()
+    step_ms = 1000 * (timed.stats.seconds - timed.stats.prefill_seconds) / STEPS  # the prefill gives the first token
     return {"path": args.path, "compiled": bool(out.stats.compiled), "device": str(device), "dtype": str(dtype),
-            "torch_threads": torch.get_num_threads(), "first_round_drafted": stats.drafted_per_round[0], "seconds": times}
+            "torch_threads": torch.get_num_threads(), "first_round_drafted": stats.drafted_per_round[0], "seconds": times,
+            "target_step_ms": step_ms}
 
 
 def run_child(args, path: str, cpus: str, cache_dir: str) -> dict:
@@ -149,7 +161,8 @@ def format_row(row: dict) -> str:
     if "error" in row:
         return f"{head} FAILED: {row['error']}"
     s = row["seconds"]
-    return head + " ".join(f"{part} {s[part]:6.1f} s" for part in (*PARTS, "total"))
+    step = f" · then {row['target_step_ms']:.2f} ms per target step" if "target_step_ms" in row else ""
+    return head + " ".join(f"{part} {s[part]:6.1f} s" for part in (*PARTS, "total")) + step
 
 
 def main(argv=None) -> int:

@@ -22,7 +22,8 @@ def test_the_tiny_smoke_reports_every_part_cold_and_warm(tmp_path):
         assert row["seconds"]["compile"] < row["seconds"]["total"] and not row["compiled"]
         assert row["dtype"] == "torch.float32"  # a CPU computes in fp32
         assert row["first_round_drafted"] == 4  # the first token is timed through a round that drafts γ = 4
-    assert "eager      cold all CPUs" in done.stdout
+        assert row["target_step_ms"] > 0  # what the start buys: the path's step, weighed beside its start
+    assert "eager      cold all CPUs" in done.stdout and "ms per target step" in done.stdout
 
 
 def test_two_cpus_are_labelled_a_colab_proxy_and_an_unknown_path_is_an_error():
