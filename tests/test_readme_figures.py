@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 from claims_eval import recorded_values
 
+from specdec_edu.theory import expected_speedup
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "assets" / "results"
 H200 = RESULTS / "gpu_h200_2026-11-30"
@@ -72,6 +74,36 @@ def js(name: str, *keys) -> Callable[[], float]:
 def log(name: str, pattern: str, group: int = 1) -> Callable[[], float]:
     """A number in a committed log of the H200 run (``assets/results/gpu_h200_2026-11-30/``)."""
     return lambda: float(re.search(pattern, (H200 / name).read_text(), re.MULTILINE).group(group).replace(",", ""))
+
+
+COURSE_H200 = RESULTS / "gpu_h200_2026-12-04"  # the notebooks, fp16, the compiler failure and the cold start on CUDA
+
+
+def log2(name: str, pattern: str, group: int = 1) -> Callable[[], float]:
+    """A number in a committed file of the course's H200 run (``assets/results/gpu_h200_2026-12-04/``)."""
+    return lambda: float(re.search(pattern, (COURSE_H200 / name).read_text(), re.MULTILINE).group(group))
+
+
+def notebooks_passed_on_cuda() -> float:
+    """Notebooks with a "pass" row in either call's table (call 2 reran the one call 1 failed)."""
+    rows = "".join((COURSE_H200 / f).read_text() for f in ("call1_notebooks.txt", "call2_notebooks.txt"))
+    return len(set(re.findall(r"^(\d\d_\w+\.ipynb)\s+\d+\s+[\d.]+\s+pass", rows, re.MULTILINE)))
+
+
+def warm_compiles() -> tuple[Callable, Callable]:
+    """The 135 M target's compile times in notebooks 04-09 (started once 00-03 had filled inductor's disk cache)."""
+    def seconds():
+        text = (COURSE_H200 / "notebook_compiles.txt").read_text()
+        return [float(s) for s in re.findall(r"^0[4-9]_\S+\tcell \d+\tLlamaForCausalLM \(135 M\)\t(\d+)$", text, re.MULTILINE)]
+    return (lambda: min(seconds())), (lambda: max(seconds()))
+
+
+def cold_row(cache: str) -> Callable[[], float]:
+    return lambda: next(r for r in json.loads((COURSE_H200 / "call2_cold_start.json").read_text())["rows"]
+                        if r["path"] == "cudagraphs" and r["cache"] == cache)["seconds"]["total"]
+
+
+FP16 = "call1_gpu_report_fp16.txt"
 
 
 def ratio(a: Callable, b: Callable) -> Callable[[], float]:
@@ -245,6 +277,29 @@ FIGURES: list[tuple[str, list]] = [
      rf"predicted \({NUM} % of it\)",
      [js(RUN4, "speculative", 2, "c"), js(RUN4, "speculative", 2, "speedup"),
       lambda: 100 * js(RUN4, "speculative", 2, "fraction_of_prediction")()]),
+    # On a GPU: the course on the H200 (2026-12-04)
+    (rf"\*\*{NUM} of {NUM} notebooks ran to the end on CUDA\*\*",
+     [notebooks_passed_on_cuda, lambda: len(list((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")))]),
+    (rf"{NUM} passed at the first call, in {NUM} s\. Notebook 11",
+     [lambda: len(re.findall(r"^\d\d_\S+\s+\d+\s+[\d.]+\s+pass", (COURSE_H200 / "call1_notebooks.txt").read_text(), re.MULTILINE)),
+      log2("call1_notebooks.txt", r"^12 notebooks in (\d+) s")]),
+    (rf"fixed, it passed in {NUM} s", [log2("call2_notebooks.txt", r"^11_drafting_from_features\.ipynb\s+(\d+)")]),
+    (rf"three widths took {NUM} s on a fresh machine \({NUM} CPUs\), and {NUM}–{NUM} s once",
+     [log2("notebook_compiles.txt", r"^11_\S+\tcell \d+\tLlamaForCausalLM \(135 M\)\t(\d+)$"),
+      lambda: json.loads((COURSE_H200 / "call2_cold_start.json").read_text())["cpu_count"], *warm_compiles()]),
+    (rf"a target step of {NUM} ms, {NUM}× its memory floor, and c = {NUM}\. The dial drafter set to α = {NUM} ran at "
+     rf"{NUM}× \(α {NUM} in the run\), where Leviathan's formula at that α, with the run's c and verify cost, gives "
+     rf"about {NUM}×: on {NUM} tokens",
+     [log2(FP16, r"target step ([\d.]+) ms"), log2(FP16, r"\(([\d.]+)× its floor\)"), log2(FP16, r"c = ([\d.]+), verify"),
+      log2(FP16, r"^dial drafter at α = ([\d.]+)"), log2(FP16, r"^dial drafter .*: measured ([\d.]+)×"),
+      log2(FP16, r"^dial drafter .*\(α = ([\d.]+) in the run"),
+      lambda: expected_speedup(log2(FP16, r"^dial drafter .*\(α = ([\d.]+) in the run")(), 4,
+                               log2(FP16, r"c = ([\d.]+), verify")(), log2(FP16, r"verify of γ \+ 1 tokens = ([\d.]+) steps")()),
+      log2(FP16, r"prompt\(s\), (\d+) new tokens")]),
+    (rf"reach the first token in {NUM} s cold and {NUM} s warm", [cold_row("cold"), cold_row("warm")]),
+    (rf"had not reached it in the {NUM} s the call had left for it",
+     [lambda: log2("call2_output_tail.txt", r"^end at (\d+) s")() - log2("call2_output_tail.txt", r"^cold start from (\d+) s")()
+      - cold_row("cold")() - cold_row("warm")()]),
     # On a GPU: the compiled path on this CPU
     (rf"the target alone ran {NUM}× and speculative decoding {NUM}× as fast as eager",
      [js("bench_cpu_compiled.json", "compiled_over_eager", "target_only"),
