@@ -48,7 +48,7 @@ def sweep(args, target, tokenizer) -> dict:
     rows = []
     for t, g in settings:
         runs = [timed(lambda ids=ids, t=t, g=g: _hf_generate(target, ids, args.max_new_tokens, eos, prompt_lookup_num_tokens=t,
-                                                   max_matching_ngram_size=g)) for ids in inputs]
+                                                   max_matching_ngram_size=g), target.device) for ids in inputs]
         rows.append({"prompt_lookup_num_tokens": t, "max_matching_ngram_size": g,
                      "tok_s": sum(len(o) for o, _ in runs) / sum(s for _, s in runs),
                      "identical": [o for o, _ in runs] == reference})
@@ -69,11 +69,11 @@ def curve(args, target, tokenizer) -> dict:
     stats = {f: [] for f in args.fractions}
     for ids in inputs:  # interleaved: every method on this prompt before the next prompt
         _, s = timed(lambda ids=ids: autoregressive_generate(target, ids, max_new_tokens=args.max_new_tokens,
-                                                             eos_token_id=eos))
+                                                             eos_token_id=eos), target.device)
         times["target_only"].append(s)
         for f, d in drafters.items():
             r, s = timed(lambda ids=ids, d=d: speculative_generate(target, d, ids, max_new_tokens=args.max_new_tokens,
-                                                                   gamma=args.gamma, eos_token_id=eos))
+                                                                   gamma=args.gamma, eos_token_id=eos), target.device)
             times[str(f)].append(s)
             stats[f].append(r.stats)
     base = sum(times["target_only"])
@@ -99,11 +99,11 @@ def tune(args, target, tokenizer) -> dict:
     stats = {s: [] for s in args.settings}
     for ids in (chat_prompt(tokenizer, p) for p in prompts):
         times["target_only"].append(timed(lambda ids=ids: autoregressive_generate(
-            target, ids, max_new_tokens=args.max_new_tokens, eos_token_id=eos))[1])
+            target, ids, max_new_tokens=args.max_new_tokens, eos_token_id=eos), target.device)[1])
         for name, st in zip(args.settings, settings):
             d = SuffixDrafter(corpus, min_prob=st["min_prob"], spec_factor=st["spec_factor"])
             r, sec = timed(lambda ids=ids, d=d, g=int(st["gamma"]): speculative_generate(
-                target, d, ids, max_new_tokens=args.max_new_tokens, gamma=g, eos_token_id=eos))
+                target, d, ids, max_new_tokens=args.max_new_tokens, gamma=g, eos_token_id=eos), target.device)
             times[name].append(sec)
             stats[name].append(r.stats)
     half = len(eval_prompts("tuning-input-grounded"))

@@ -1,7 +1,9 @@
 """Tests for specdec_edu.course.experiments on tiny random models (fast)."""
 
+import ast
 import types
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -211,6 +213,21 @@ def test_timed_returns_the_result_and_the_seconds_between_two_clock_readings(mon
     readings = iter([1.0, 3.5])
     monkeypatch.setattr(experiments, "time", types.SimpleNamespace(perf_counter=lambda: next(readings)))
     assert timed(lambda: "out", "cpu") == ("out", 2.5)
+
+
+def test_timed_names_its_device_everywhere():
+    """``timed`` synced the CPU unless told otherwise, so a GPU's work was timed by when it was queued:
+    scripts/suffix_eval.py timed its five runs that way. Now the device is required, and every call names one."""
+    with pytest.raises(TypeError):
+        timed(lambda: "out")
+    root = Path(__file__).resolve().parents[1]
+    short = []
+    for path in [*(root / "specdec_edu").rglob("*.py"), *(root / "scripts").glob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "timed":
+                if len(node.args) + len(node.keywords) < 2:
+                    short.append(f"{path.name}:{node.lineno}")
+    assert not short, short
 
 
 def test_course_seed_is_the_default_unless_the_environment_overrides_it(monkeypatch):

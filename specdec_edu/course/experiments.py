@@ -275,8 +275,9 @@ def early_exit_model(model: torch.nn.Module, n_layers: int) -> torch.nn.Module:
     return shallow.eval().requires_grad_(False)
 
 
-def timed(fn: Callable[[], object], device: torch.device | str = "cpu") -> tuple[object, float]:
-    """``(fn(), seconds)``: wall time with ``device`` synced before and after, so that queued GPU work counts."""
+def timed(fn: Callable[[], object], device: torch.device | str) -> tuple[object, float]:
+    """``(fn(), seconds)``: wall time with ``device`` synced before and after, so that queued GPU work counts.
+    ``device`` has no default: one that defaulted to the CPU timed a GPU's work by when it was queued."""
     device = torch.device(device)
     sync(device)
     start = time.perf_counter()
