@@ -350,6 +350,20 @@ def test_another_target_is_refused_naming_the_fix(target, kind):
 
 
 @pytest.mark.parametrize("kind", ["medusa", "eagle"])
+def test_a_drafter_follows_its_own_target_cast_after_loading(kind):
+    """``target.to(torch.float64)`` after the drafter was made: the target's float64 features met the drafter's
+    float32 layers, a raw "mat1 and mat2 must have the same dtype". Its layers now follow their target, alone and
+    behind prompt lookup, and the output is the target's own."""
+    for wrapped in (lambda d: d, LookupThenDrafter):
+        target = tiny_llama(seed=0)
+        drafter = make(kind, target)
+        target.to(torch.float64)
+        out = speculative_generate(target, wrapped(drafter), PROMPTS[5][None], max_new_tokens=12, gamma=3)
+        assert out.row(0).tolist() == reference(target, PROMPTS[5], 12)[-12:].tolist()  # HF gives the prompt too
+        assert next(drafter.net.parameters()).dtype == torch.float64
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle"])
 def test_saved_drafter_loads_only_onto_its_target(tmp_path, target, kind):
     make(kind, target).save(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())

@@ -134,10 +134,16 @@ class FeatureDrafter:
         """Raise ``ValueError`` unless ``target`` is the model this drafter was built (and trained) for.
 
         ``speculative_generate`` calls this before generating. The drafter's own target passes at
-        once (``load`` already compared it with the saved fingerprint); another object passes only
-        if it is the same model (e.g. reloaded), judged by its fingerprint.
+        once (``load`` already compared it with the saved fingerprint), and the drafter's layers
+        follow it if it was cast or moved since; another object passes only if it is the same model
+        (e.g. reloaded), judged by its fingerprint.
         """
         if target is self.target:
+            # The drafter's layers follow its target: cast or moved after loading (``target.half()``), the target
+            # would feed features in a dtype the layers do not take ("mat1 and mat2 must have the same dtype").
+            weight = next(self.net.parameters())
+            if (weight.device, weight.dtype) != (target.device, target.dtype):
+                self.net.to(target.device, target.dtype)
             return
         mismatch = fingerprint_mismatch(self.trained_on, target_fingerprint(target))
         if mismatch is not None:
