@@ -259,6 +259,7 @@ class ModelDrafter:
         self.last_context = torch.empty(0, dtype=torch.long)  # the context of the last propose, on the host
         self.n_draft_cached = 0  # drafts fed after last_context: γ − 1 after a propose
         self.past_limit = False  # has this generation's context outgrown the draft model (said once)?
+        self.started = False  # has this generation had a round (ours, or another drafter's before us)?
 
     def check_target(self, target) -> None:
         """Refuse a ``target`` whose head has fewer token ids than this drafter proposes (``check_draft_head``)."""
@@ -268,6 +269,7 @@ class ModelDrafter:
         """The last round was drafted by someone else: the tokens after ``last_context`` are not (all) the
         drafts this drafter fed, so none of those may be reused; the K/V of ``last_context`` itself still may."""
         self.n_draft_cached = 0
+        self.started = True  # a later first call of ours is not the prompt's round
 
     def _logits(self, ids: torch.Tensor) -> torch.Tensor:
         """Feed ``ids`` ``[1, n]`` through the draft (compiled if asked, whatever n); logits ``[V']`` for the token after them."""
@@ -308,11 +310,12 @@ class ModelDrafter:
             self.reset()  # another ModelDrafter of this model used the shared cache since: none of its K/V are ours
         limit = max_positions(self.model)
         if limit is not None and len(context) > limit:  # the context outgrew the draft (or the prompt is too long)
-            if not len(self.last_context):  # its first round of this generation: the prompt itself
+            if not self.started:  # the generation's first round: the context is the prompt itself
                 refuse_unreadable_prompt(len(context), limit)
             if not self.past_limit:
                 past_draft_limit(len(context), limit)
                 self.past_limit = True
+        self.started = True
         gamma = gamma_within(gamma, len(context), draft_limit=limit)
         if gamma < 1:
             return no_drafts(self.head_size or self.vocab_size, self.model.device)

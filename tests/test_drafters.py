@@ -143,6 +143,27 @@ def test_an_output_that_outgrows_the_draft_is_finished_by_the_target(target, fam
     assert out.stats.drafted > 0 and out.stats.drafted_per_round[-1] == 0  # drafted early on, not at the end
 
 
+def test_a_draft_behind_lookup_that_first_drafts_past_its_limit_lets_the_target_finish():
+    """An 18-token prompt that repeats itself: prompt lookup drafts the first round, so the draft model behind it
+    (16 positions) is first asked in a later round. It took that first call for the prompt's round and refused the
+    generation, naming a prompt longer than the one given. Now it warns once and the generation ends with the
+    target's own tokens. A prompt whose first round falls to the draft model is still refused."""
+    draft = tiny_llama(seed=1, max_positions=16)
+    prompt = (torch.arange(18) % 6)[None]  # ends in 3, 4, 5, as at position 3: lookup drafts the first round
+    calls = []
+    fallback = ModelDrafter(draft)
+    propose = fallback.propose
+    fallback.propose = lambda context, *args: (calls.append(len(context)), propose(context, *args))[1]
+    target = tiny_llama(seed=0)
+    with pytest.warns(UserWarning, match="reads at most 16 positions"):
+        out = speculative_generate(target, LookupThenDrafter(fallback), prompt, max_new_tokens=24, gamma=4)
+    assert calls and min(calls) > 16  # the fallback's first call came after the context outgrew its draft
+    assert out.row(0).tolist() == autoregressive_generate(target, prompt, max_new_tokens=24).row(0).tolist()
+    with pytest.raises(ValueError, match="the prompt has 20 tokens"):
+        speculative_generate(target, LookupThenDrafter(ModelDrafter(draft)), (torch.arange(20) * 5 % 64)[None],
+                             max_new_tokens=4)
+
+
 def test_near_its_limit_the_draft_model_drafts_fewer_tokens():
     """Limit 16: after 14 tokens a round may draft 3 (the draft reads positions 0 … 15; GPT-2 raised an
     IndexError at position 16 before), after 16 tokens 1 (never fed), after 17 none fit: no drafts, said once
