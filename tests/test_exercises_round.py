@@ -39,11 +39,29 @@ def test_a_round_that_does_not_crop_fails_with_a_position(target, draft, capsys)
 
 
 def scripted_round(script):
-    """A round that emits ``script``'s tokens one per round, keeping the cache as a round must (all but the newest)."""
+    """A round that emits ``script``'s tokens one per round, keeping the cache as a round must (all but the newest).
+    Its target forward reads two tokens, the last one and the one it emits, as a verify of one draft would."""
     def round_fn(target, draft, cache, context, gamma):
-        kv.forward_cached(target, context[None, -1:], cache)
-        return [int(script[len(context) - len(PROMPT)])]
+        token = int(script[len(context) - len(PROMPT)])
+        kv.forward_cached(target, torch.tensor([[int(context[-1]), token]], device=context.device), cache)
+        kv.crop(cache, 1)  # the emitted token's K/V go: the cache holds all but the newest
+        return [token]
     return round_fn
+
+
+def test_a_round_that_only_decodes_fails_though_its_tokens_are_right(target, draft, capsys):
+    """One target forward per token, the draft never asked: the target's own greedy tokens, with the cache kept
+    right. That is plain decoding, and it printed PASS. The control: the same round's tokens, verified two at a
+    time (``scripted_round``), pass."""
+    def decode_only(target, draft, cache, context, gamma):
+        return [int(kv.forward_cached(target, context[None, -1:], cache).logits[0, -1].argmax())]
+
+    assert check_speculative_round(decode_only, target, draft, PROMPT, gamma=4, max_new_tokens=20) is False
+    assert "never read more than one token" in capsys.readouterr().out
+    from specdec_edu import autoregressive_generate
+
+    reference = autoregressive_generate(target, PROMPT, max_new_tokens=20, compile=False).row(0)
+    assert check_speculative_round(scripted_round(reference), target, draft, PROMPT, gamma=4, max_new_tokens=20) is True
 
 
 def test_a_16_bit_near_tie_passes_and_a_large_margin_fails(capsys):

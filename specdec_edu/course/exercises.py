@@ -104,10 +104,12 @@ def check_speculative_round(round_fn, target, draft, prompt_ids, *, gamma: int =
     bonus token) and must leave ``cache`` holding everything except the newest token.
 
     Prints PASS, or FAIL with the first divergent position and any round that left the cache at the wrong
-    length, and returns True / False; returns None (printing "not written yet") if ``round_fn`` returns
-    ``NotImplemented``. In float32 PASS means identical token for token. A bf16/fp16 target can flip a near-tie
-    between the reference's 1-token forwards and the rounds' (γ + 1)-token ones: such a divergence passes, saying
-    so, when ``check_same_output`` finds it within rounding's reach (a forgotten crop is far outside it).
+    length (or, if the tokens are right, that no round ever fed the target more than one token: one target
+    forward per token is plain decoding, with no verify pass), and returns True / False; returns None (printing
+    "not written yet") if ``round_fn`` returns ``NotImplemented``. In float32 PASS means identical token for
+    token. A bf16/fp16 target can flip a near-tie between the reference's 1-token forwards and the rounds'
+    (γ + 1)-token ones: such a divergence passes, saying so, when ``check_same_output`` finds it within
+    rounding's reach (a forgotten crop is far outside it).
     """
     from .. import kv
     from ..generate import autoregressive_generate
@@ -119,18 +121,32 @@ def check_speculative_round(round_fn, target, draft, prompt_ids, *, gamma: int =
     cache, context, new, wrong_cache, rounds = kv.new_cache(target), prompt, [], None, 0
     if len(prompt) > 1:
         kv.forward_cached(target, prompt[None, :-1], cache)  # prefill: the cache holds all but the last token
-    while len(new) < max_new_tokens:
-        emitted, rounds = round_fn(target, draft, cache, context.clone(), gamma), rounds + 1
-        if emitted is NotImplemented:
-            print("not written yet — see the solution below")
-            return None
-        emitted = [int(t) for t in torch.as_tensor(emitted).flatten()]
-        if not 1 <= len(emitted) <= gamma + 1:
-            print(f"FAIL: round {rounds} returned {len(emitted)} tokens; a round emits 1 to γ + 1 = {gamma + 1}")
-            return False
-        context, new = torch.cat([context, torch.tensor(emitted, device=context.device)]), new + emitted
-        if wrong_cache is None and kv.cache_length(cache) != len(context) - 1:
-            wrong_cache = (rounds, kv.cache_length(cache), len(context) - 1)
+    widths = []  # the input width of every target forward inside the rounds: a verify pass reads γ + 1 tokens at once
+
+    def record_width(module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        widths.append(ids.shape[-1] if isinstance(ids, torch.Tensor) else 0)
+
+    watch = target.register_forward_pre_hook(record_width, with_kwargs=True)
+    try:
+        while len(new) < max_new_tokens:
+            emitted, rounds = round_fn(target, draft, cache, context.clone(), gamma), rounds + 1
+            if emitted is NotImplemented:
+                print("not written yet — see the solution below")
+                return None
+            emitted = [int(t) for t in torch.as_tensor(emitted).flatten()]
+            if not 1 <= len(emitted) <= gamma + 1:
+                print(f"FAIL: round {rounds} returned {len(emitted)} tokens; a round emits 1 to γ + 1 = {gamma + 1}")
+                return False
+            context, new = torch.cat([context, torch.tensor(emitted, device=context.device)]), new + emitted
+            if wrong_cache is None and kv.cache_length(cache) != len(context) - 1:
+                wrong_cache = (rounds, kv.cache_length(cache), len(context) - 1)
+    finally:
+        watch.remove()
+    if max(widths, default=0) < 2:  # right tokens, but one target forward per token: that is decoding, not verifying
+        print(f"FAIL: the target never read more than one token in a forward ({len(widths)} forwards in {rounds} "
+              "rounds), so no round verified drafts: feed the last token and all γ drafts to the target in one pass")
+        return False
     new = new[:max_new_tokens]
     diverged = first_divergence(target, prompt, torch.tensor(reference), torch.tensor(new))
     if diverged is not None and next(target.parameters()).dtype != torch.float32:
