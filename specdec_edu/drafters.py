@@ -307,7 +307,9 @@ class ModelDrafter:
         check_propose_args(context, gamma)
         context = context.cpu()  # the loop passes a host tensor already (a device one would cost a sync here)
         if self.static is not None and self.static.holder is not self._mark:
+            said = self.started, self.past_limit  # the same generation goes on: only the cache starts over
             self.reset()  # another ModelDrafter of this model used the shared cache since: none of its K/V are ours
+            self.started, self.past_limit = said
         limit = max_positions(self.model)
         if limit is not None and len(context) > limit:  # the context outgrew the draft (or the prompt is too long)
             if not self.started:  # the generation's first round: the context is the prompt itself

@@ -89,3 +89,27 @@ def test_static_cache_errors_name_the_fix(close_draft):
     assert kv.cache_length(cache) == 7
     with pytest.raises(ValueError, match="static_cache=True needs compile=True"):
         ModelDrafter(close_draft, static_cache=True)
+
+
+def test_a_drafter_whose_shared_cache_was_taken_keeps_its_generation_past_the_draft_limit():
+    """Two compiled ModelDrafters of one 16-position draft share its static cache. A (context 17: past the limit,
+    warned once), then B takes the cache, then A again at 18. A's reset after losing the cache forgot that its
+    generation had begun, so the 18 tokens were refused as an unreadable prompt. Now only the cache starts over:
+    A drafts nothing there, silently (said once), and a fresh generation still refuses a long prompt."""
+    import warnings
+
+    from conftest import tiny_llama
+
+    draft = tiny_llama(seed=1, max_positions=16)
+    a, b = (ModelDrafter(draft, max_cache_len=16, compile=True, compile_options=COMPILE) for _ in range(2))
+    softmax = lambda x: x.softmax(-1)  # noqa: E731
+    a.propose(torch.arange(12), 2, softmax)  # the generation's first round: a readable prompt
+    with pytest.warns(UserWarning, match="at most 16 positions"):
+        assert len(a.propose(torch.arange(17), 2, softmax)[0]) == 0
+    b.propose(torch.arange(10), 2, softmax)  # B takes the shared cache
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # neither refused nor said twice
+        assert len(a.propose(torch.arange(18), 2, softmax)[0]) == 0
+    a.reset()
+    with pytest.raises(ValueError, match="the prompt has 18 tokens"):
+        a.propose(torch.arange(18), 2, softmax)
