@@ -3,6 +3,7 @@ the feature/token alignment, EAGLE's cache rollback, save/load and load_drafter.
 
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -471,6 +472,29 @@ def test_building_eagle_leaves_every_global_generator_alone(target, monkeypatch)
     a, b = EagleDrafter(target, seed=7), EagleDrafter(target, seed=7)
     assert not seeded and torch.equal(torch.random.get_rng_state(), before)
     assert all(torch.equal(x, y) for x, y in zip(a.net.parameters(), b.net.parameters()))  # still seeded
+
+
+def test_a_save_stopped_between_its_two_moves_is_refused_at_load(tmp_path, target, monkeypatch):
+    """The weights moved into place, then the save stopped before the config did: the folder held new weights
+    beside the old config, and load() took them without a word. The config now names its weights by SHA-256."""
+    make("eagle", target, seed=1).save(tmp_path)
+    load_drafter("eagle", target, tmp_path)  # whole: loads
+    moves = []
+
+    def second_move_fails(src, dst):
+        if moves:
+            raise KeyboardInterrupt
+        moves.append(dst)
+        os.rename(src, dst)
+
+    monkeypatch.setattr(feature_drafters.os, "replace", second_move_fails)
+    with pytest.raises(KeyboardInterrupt):
+        make("eagle", target, seed=2).save(tmp_path)
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match="not the ones its config.json was saved with.*save the drafter again"):
+        load_drafter("eagle", target, tmp_path)
+    make("eagle", target, seed=2).save(tmp_path)  # saved again: whole
+    load_drafter("eagle", target, tmp_path)
 
 
 def test_an_interrupted_save_leaves_the_saved_drafter_whole(tmp_path, target, monkeypatch):

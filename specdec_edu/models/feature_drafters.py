@@ -38,6 +38,7 @@ they would read features they never saw (α ≈ 0, still exact but pointless), o
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import os
 import warnings
@@ -206,8 +207,11 @@ class FeatureDrafter:
         }
         # Both files are written in full under temporary names first, then moved into place: an interrupted save
         # (training overwrites assets/) must not leave new weights beside an old config that loads without error.
+        # The two moves are still two steps, so the config also names its weights by their SHA-256: load() refuses
+        # a pair that does not belong together.
         weights, config_file = path / ".model.safetensors.tmp", path / ".config.json.tmp"
         save_file(state, weights)
+        config["weights_sha256"] = hashlib.sha256(weights.read_bytes()).hexdigest()
         config_file.write_text(json.dumps(config, indent=2) + "\n")
         os.replace(weights, path / "model.safetensors")
         os.replace(config_file, path / "config.json")
@@ -241,6 +245,11 @@ class FeatureDrafter:
             warnings.warn(f"the {kind} drafter in {path} was trained on another target, and loads anyway: "
                           "SPECDEC_EDU_RANDOM_TARGET=1 gave this target random weights, so its drafts are noise.",
                           stacklevel=2)
+        saved_with = config.get("weights_sha256")  # drafters saved before it was written have none
+        if saved_with is not None and hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest() != saved_with:
+            raise ValueError(f"the weights in {path} are not the ones its config.json was saved with (a save stopped "
+                             f"between its two files, or one was replaced): save the drafter again, or train it:  "
+                             f"{TRAIN_COMMAND}")
         drafter = cls(target, **config["args"])
         state = load_file(path / "model.safetensors")
         drafter.net.load_state_dict({name: w.to(target.device, target.dtype) for name, w in state.items()})
