@@ -4,6 +4,8 @@
 #   bash scripts/gpu_course_checks.sh all         # one lease's first call: smoke steps 1-2 (a minute), the notebooks
 #                                                 # to a deadline that fits BUDGET, then smoke step 3 with the time left
 #   bash scripts/gpu_course_checks.sh smoke       # ≈ 5 min: dtype rule, forced compile failure, forced fp16, cold start
+#   bash scripts/gpu_course_checks.sh cold        # the cold start alone (smoke's last step; the others passed on
+#                                                 # the H200 on 2026-12-04): a second call while the machine is warm
 #   bash scripts/gpu_course_checks.sh notebooks   # the 12 notebooks on CUDA, quick, in a scratch folder, 4 at a time
 #   bash scripts/gpu_course_checks.sh notebooks notebooks/0[0-4]_*.ipynb   # some of them (a rerun of the rest)
 #   bash scripts/gpu_course_checks.sh 7b          # the 7b goals (scripts/gpu_check.py)
@@ -32,9 +34,9 @@ set -euo pipefail
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 STAGE="${1:-}"
 case "$STAGE" in
-  all|smoke|notebooks|7b) ;;
+  all|smoke|cold|notebooks|7b) ;;
   -h|--help) usage; exit 0 ;;
-  *) usage >&2; echo "unknown or missing stage '${STAGE}': give all, smoke, notebooks or 7b" >&2; exit 2 ;;
+  *) usage >&2; echo "unknown or missing stage '${STAGE}': give all, smoke, cold, notebooks or 7b" >&2; exit 2 ;;
 esac
 PY="${PYTHON:-python3}"  # the GPU image's interpreter is python3 (it may have no `python`)
 OUT="${OUT:-gpu_out}"
@@ -139,6 +141,8 @@ smoke)
   # Every step runs even if one before it failed (`|| status=$?`); the exit status says whether all passed.
   # DEVICE=cpu COLD_PATHS=default rehearses the plumbing on a CPU (CUDA graphs exist on CUDA only).
   dtype_rule; compile_failure; fp16_report; cold_start ;;
+cold)
+  cold_start ;;
 notebooks)
   notebooks "${@:2}" ;;
 7b)

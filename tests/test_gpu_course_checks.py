@@ -21,7 +21,7 @@ def test_no_stage_or_a_wrong_one_prints_the_usage_and_does_no_work(tmp_path):
     for args in ((), ("smok",)):
         done = run(*args, OUT=str(tmp_path / "out"))
         assert done.returncode == 2 and "bash scripts/gpu_course_checks.sh all" in done.stderr
-        assert "give all, smoke, notebooks or 7b" in done.stderr and not (tmp_path / "out").exists()
+        assert "give all, smoke, cold, notebooks or 7b" in done.stderr and not (tmp_path / "out").exists()
     done = run("--help", OUT=str(tmp_path / "out"))
     assert done.returncode == 0 and "BUDGET" in done.stdout and not (tmp_path / "out").exists()
 
@@ -37,3 +37,12 @@ def test_a_stage_writes_its_provenance_and_skips_what_its_budget_cannot_hold(tmp
         assert line in provenance, line
     assert "same tokens as eager: True" in (out / "compile_failure.txt").read_text()
     assert "skipped" in (out / "gpu_report_fp16.txt").read_text() and "skipped" in (out / "cold_start.txt").read_text()
+
+
+def test_the_cold_stage_runs_the_cold_start_alone(tmp_path):
+    """A lease's second call, while the machine is warm: only the cold start (smoke's last step), within its budget."""
+    out = tmp_path / "out"
+    done = run("cold", OUT=str(out), DEVICE="cpu", BUDGET="25")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "skipped" in (out / "cold_start.txt").read_text() and not (out / "compile_failure.txt").exists()
+    assert "stage cold: exit 0" in (out / "provenance.txt").read_text()
