@@ -301,6 +301,9 @@ FIGURES: list[tuple[str, list]] = [
                                log2(FP16, r"c = ([\d.]+), verify")(), log2(FP16, r"verify of γ \+ 1 tokens = ([\d.]+) steps")()),
       log2(FP16, r"prompt\(s\), (\d+) new tokens")]),
     (rf"reach the first token in {NUM} s cold and {NUM} s warm", [cold_row("cold"), cold_row("warm")]),
+    (rf"all {NUM} pass in the quick mode in bf16 and in fp16",  # both tables: every row passes
+     [lambda: min(len(re.findall(r"^\d\d_\S+\s+\d+\s+[\d.]+\s+pass", table, re.MULTILINE))
+                  for table in (RESULTS / "notebooks_16bit_cpu_2026-12-04.txt").read_text().split("## ")[1:])]),
     (rf"had not reached it in the {NUM} s the call had left for it",
      [lambda: log2("call2_output_tail.txt", r"^end at (\d+) s")() - log2("call2_output_tail.txt", r"^cold start from (\d+) s")()
       - cold_row("cold")() - cold_row("warm")()]),
