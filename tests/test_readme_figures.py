@@ -11,6 +11,7 @@ to one of the phrases below, so that no new figure escapes the check. Fast: JSON
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Callable
@@ -71,22 +72,25 @@ def js(name: str, *keys) -> Callable[[], float]:
     return read
 
 
-def log(name: str, pattern: str, group: int = 1) -> Callable[[], float]:
-    """A number in a committed log of the H200 run (``assets/results/gpu_h200_2026-11-30/``)."""
-    return lambda: float(re.search(pattern, (H200 / name).read_text(), re.MULTILINE).group(group).replace(",", ""))
+def log(name: str, pattern: str, group: int = 1, folder: Path = H200) -> Callable[[], float]:
+    """A number in a committed log of an H200 run (default: ``assets/results/gpu_h200_2026-11-30/``)."""
+    return lambda: float(re.search(pattern, (folder / name).read_text(), re.MULTILINE).group(group).replace(",", ""))
 
 
 COURSE_H200 = RESULTS / "gpu_h200_2026-12-04"  # the notebooks, fp16, the compiler failure and the cold start on CUDA
 
 
-def log2(name: str, pattern: str, group: int = 1) -> Callable[[], float]:
-    """A number in a committed file of the course's H200 run (``assets/results/gpu_h200_2026-12-04/``)."""
-    return lambda: float(re.search(pattern, (COURSE_H200 / name).read_text(), re.MULTILINE).group(group))
+log2 = functools.partial(log, folder=COURSE_H200)  # a number in a file of the course's H200 run
+
+
+def passed_rows(table: str) -> list[str]:
+    """The notebooks with a "pass" row in a table of ``scripts/execute_notebooks.py``."""
+    return re.findall(r"^(\d\d_\w+\.ipynb)\s+\d+\s+[\d.]+\s+pass", table, re.MULTILINE)
 
 
 def passed(call: str) -> list[str]:
     """The notebooks with a "pass" row in one call's table (``call1_notebooks.txt``, …)."""
-    return re.findall(r"^(\d\d_\w+\.ipynb)\s+\d+\s+[\d.]+\s+pass", (COURSE_H200 / call).read_text(), re.MULTILINE)
+    return passed_rows((COURSE_H200 / call).read_text())
 
 
 def notebooks_passed_on_cuda() -> float:
@@ -302,7 +306,7 @@ FIGURES: list[tuple[str, list]] = [
       log2(FP16, r"prompt\(s\), (\d+) new tokens")]),
     (rf"reach the first token in {NUM} s cold and {NUM} s warm", [cold_row("cold"), cold_row("warm")]),
     (rf"all {NUM} pass in the quick mode in bf16 and in fp16",  # both tables: every row passes
-     [lambda: min(len(re.findall(r"^\d\d_\S+\s+\d+\s+[\d.]+\s+pass", table, re.MULTILINE))
+     [lambda: min(len(passed_rows(table))
                   for table in (RESULTS / "notebooks_16bit_cpu_2026-12-04.txt").read_text().split("## ")[1:])]),
     (rf"had not reached it in the {NUM} s the call had left for it",
      [lambda: log2("call2_output_tail.txt", r"^end at (\d+) s")() - log2("call2_output_tail.txt", r"^cold start from (\d+) s")()
