@@ -219,7 +219,7 @@ class FeatureDrafter:
     @classmethod
     def load(cls, path, target: nn.Module):
         """A drafter saved with ``save(path)``, on ``target`` (weights cast to the target's device and dtype)."""
-        from safetensors.torch import load_file
+        from safetensors.torch import load as load_safetensors
 
         path = Path(path)
         if not (path / "config.json").is_file() or not (path / "model.safetensors").is_file():
@@ -245,13 +245,14 @@ class FeatureDrafter:
             warnings.warn(f"the {kind} drafter in {path} was trained on another target, and loads anyway: "
                           "SPECDEC_EDU_RANDOM_TARGET=1 gave this target random weights, so its drafts are noise.",
                           stacklevel=2)
+        weights = (path / "model.safetensors").read_bytes()  # read once: hashed, then parsed
         saved_with = config.get("weights_sha256")  # drafters saved before it was written have none
-        if saved_with is not None and hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest() != saved_with:
+        if saved_with is not None and hashlib.sha256(weights).hexdigest() != saved_with:
             raise ValueError(f"the weights in {path} are not the ones its config.json was saved with (a save stopped "
                              f"between its two files, or one was replaced): save the drafter again, or train it:  "
                              f"{TRAIN_COMMAND}")
         drafter = cls(target, **config["args"])
-        state = load_file(path / "model.safetensors")
+        state = load_safetensors(weights)
         drafter.net.load_state_dict({name: w.to(target.device, target.dtype) for name, w in state.items()})
         return drafter
 
