@@ -27,7 +27,8 @@ point at a fresh temporary folder) and then **warm** (the same folder, now fille
 
 Paths (``--paths``): ``default`` (what ``speculative_generate`` does here: inductor with CUDA graphs on CUDA, eager
 on a CPU), ``inductor`` (compiled, inductor's default mode), ``cudagraphs`` (torch's ``cudagraphs`` backend: CUDA
-graphs captured without inductor, no code generation; CUDA only), ``eager``.
+graphs captured without inductor, no code generation; CUDA only), ``capture`` (``kv.CAPTURE``: each width's
+eager forward recorded with ``torch.cuda.graph``, no dynamo either; CUDA only), ``eager``.
 Goal on a GPU under two CPUs (issue 24): cold ≤ 90 s, warm ≤ 20 s.
 """
 
@@ -45,7 +46,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PATHS = {"default": None, "inductor": {"backend": "inductor", "mode": "default"}, "cudagraphs": {"backend": "cudagraphs"},
-         "eager": None}
+         "capture": {"backend": "capture"}, "eager": None}
 PARTS = ("import", "build", "compile", "first_token")
 GAMMA = 4  # the course's γ
 STEPS = 32  # one-token target steps timed after the first token: their mean is the path's step

@@ -57,7 +57,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
-from specdec_edu import autoregressive_generate, expected_speedup, speculative_generate  # noqa: E402
+from specdec_edu import autoregressive_generate, expected_speedup, kv, speculative_generate  # noqa: E402
 from specdec_edu.commands.bench import configure_hf_assistant  # noqa: E402
 from specdec_edu.course.diagnostics import first_divergence  # noqa: E402
 from specdec_edu.course.experiments import ReplayDrafter, interleaved_benchmark, timed  # noqa: E402
@@ -293,12 +293,17 @@ def hf_comparison(check: Check, draft, gamma: int, n_new: int) -> dict:
 
 def hf_peers(check: Check, drafter, draft, gamma: int, n_new: int, compile_options: dict) -> dict:
     """Ours compiled against what a Hugging Face user would pick, on the same shapes, interleaved: target-only
-    ``generate`` with a static cache and a compiled forward (the same backend and mode as ours), and assisted
-    generation (``assistant_model=draft``, its default caches) beside our compiled draft + target."""
+    ``generate`` with a static cache and a compiled forward (the same backend and mode as ours; where ours records
+    CUDA graphs without a compiler, ``kv.CAPTURE``, which HF cannot, HF's own compiled path: inductor with CUDA
+    graphs), and assisted generation (``assistant_model=draft``, its default caches) beside our compiled draft +
+    target."""
     from transformers import CompileConfig
 
     target, prompt = check.target, check.prompt
-    hf_compile = CompileConfig(backend=compile_options["backend"], mode=compile_options.get("mode"))
+    if compile_options["backend"] == kv.CAPTURE:
+        hf_compile = CompileConfig(backend="inductor", mode="reduce-overhead")
+    else:
+        hf_compile = CompileConfig(backend=compile_options["backend"], mode=compile_options.get("mode"))
     hf_compile._compile_all_devices = True  # HF compiles a static-cache generate on CUDA by itself; this asks it on a CPU too
     configure_hf_assistant(draft, gamma)
     ours = {"compile": True, "compile_options": compile_options}
@@ -345,7 +350,9 @@ def parse_args(argv):
     parser.add_argument("--goals", action="store_true",
                         help="with --compile: issue 24's goals only, the compiled draft + target rows and the compiled peers "
                         "(no eager or compiled-draft decoding section, no eager HF comparison: what a 7b lease has time for)")
-    parser.add_argument("--compile-backend", default="inductor", help="torch.compile backend (aot_eager: the CPU test)")
+    parser.add_argument("--compile-backend", default="inductor",
+                        help="torch.compile backend (aot_eager: the CPU test), or capture: CUDA graphs recorded from the "
+                        "eager forward, no compiler (kv.CAPTURE)")
     parser.add_argument("--compile-mode", default=None,
                         help="torch.compile mode (default: reduce-overhead, i.e. CUDA graphs, with inductor on CUDA)")
     parser.add_argument("--json", help="write the results here")

@@ -251,7 +251,8 @@ def target_cache(target, compile: bool, compile_options: dict | None, positions:
 def compiles_by_default(device) -> bool:
     """What ``compile=None`` (the default) means on ``device``: compile, or run eager?
 
-    ``$SPECDEC_EDU_COMPILE`` decides when set (``1``: compile, ``0``: eager). Otherwise: compile on
+    ``$SPECDEC_EDU_COMPILE`` decides when set (``1``: compile, ``0``: eager, ``capture``: on CUDA, CUDA graphs
+    recorded from the eager forward without a compiler, see ``kv.CAPTURE``; eager elsewhere). Otherwise: compile on
     CUDA, where CUDA graphs took the SmolLM2-1.7B-shaped step from 14.1 ms to 2.43 ms (H200, run 4 in
     ``assets/results/gpu_h200_2026-11-30``); run eager elsewhere. On this course's 2-core CPU the compiled
     path ran speculative decoding 1.09× as fast as eager (``assets/results/bench_cpu_compiled.json``), but
@@ -259,9 +260,12 @@ def compiles_by_default(device) -> bool:
     (``compile_cost_cpu.json``), and needs a C++ compiler; MPS is untested.
     """
     chosen = os.environ.get("SPECDEC_EDU_COMPILE", "").strip()
-    if chosen not in ("", "0", "1"):
-        raise ValueError(f"SPECDEC_EDU_COMPILE={chosen!r}: set it to 1 (compile) or 0 (eager), or unset it.")
-    return chosen == "1" if chosen else torch.device(device).type == "cuda"
+    if chosen not in ("", "0", "1", kv.CAPTURE):
+        raise ValueError(f"SPECDEC_EDU_COMPILE={chosen!r}: set it to 1 (compile), 0 (eager) or {kv.CAPTURE} (CUDA graphs "
+                         "without a compiler), or unset it.")
+    if chosen in ("0", "1"):
+        return chosen == "1"
+    return torch.device(device).type == "cuda"  # unset, or capture: CUDA graphs exist on CUDA only
 
 
 def resolve_compile(compile: bool | None, device, eager_reason: str | None) -> bool:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 import sys
 import time
 import types
@@ -321,7 +322,8 @@ class StaticKV:
         compiling (``speculative_generate`` makes its caches before it starts the clock). With CUDA graphs
         (``mode="reduce-overhead"``) each width runs twice: the first call of a compiled function only warms it up
         (eagerly, in inductor's cudagraph trees), and the graph is recorded at the second."""
-        calls = 2 if self.compile_options.get("mode") in ("reduce-overhead", "max-autotune") else 1
+        calls = 2 if (self.compile_options.get("mode") in ("reduce-overhead", "max-autotune")
+                      or self.compile_options.get("backend") == CAPTURE) else 1
         started, say = time.perf_counter(), announces_compiling(self.device)
         if say:  # minutes of silence on Colab's two CPUs would look like a hang
             millions = sum(p.numel() for p in model.parameters()) / 1e6
@@ -371,18 +373,87 @@ class StaticKV:
                 if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor)]
 
     def compiled_step(self, model: torch.nn.Module, width: int) -> Callable:
-        """``forward_at_positions`` compiled for ``model`` and inputs ``[1, width]`` (at its first call, then reused).
+        """``forward_at_positions`` compiled for ``model`` and inputs ``[1, width]`` (at its first call, then reused);
+        with ``compile_options={"backend": "capture"}``, recorded as a CUDA graph instead (``CapturedStep``).
 
         Each width gets its own copy of ``forward_at_positions``'s code: dynamo keeps compilations per
         code object and would count a second width of the same code as a *re*compilation (and
         stop after ``recompile_limit`` of them). One copy per width compiles each exactly once.
         """
         key = (id(model), width)
+        if key not in self._steps and self.compile_options.get("backend") == CAPTURE:
+            self._steps[key] = CapturedStep(width)
         if key not in self._steps:
             code = forward_at_positions.__code__.replace()  # the same code, a new object
             self._steps[key] = torch.compile(types.FunctionType(code, forward_at_positions.__globals__),
                                              **self.compile_options)
         return self._steps[key]
+
+
+# compile_options={"backend": CAPTURE}: no compiler at all. Each width's eager forward is recorded as one CUDA graph
+# (``CapturedStep``). What a compiled width costs to make is mostly dynamo's tracing and inductor's code generation,
+# CPU work that took 46-50 s per process for the course pair under two CPUs (torch's own "cudagraphs" backend,
+# which traces too; assets/results/gpu_h200_2026-12-04); a capture costs two eager forwards per width.
+CAPTURE = "capture"
+
+
+def record_cuda_graph(forward: Callable, device: torch.device):
+    """``forward()`` recorded into a new ``torch.cuda.CUDAGraph`` (its kernels are not run): returns the graph and
+    ``forward``'s outputs, tensors that every ``graph.replay()`` overwrites. Tests replace this with a fake."""
+    if device.type != "cuda":
+        raise ValueError(f'compile_options={{"backend": "{CAPTURE}"}} records CUDA graphs, and this model is on '
+                         f'{device.type}: use it on a CUDA device, or leave compile_options unset.')
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = forward()
+    return graph, out
+
+
+class CapturedStep:
+    """``forward_at_positions`` for inputs ``[1, width]``, replayed from a CUDA graph: one launch for a whole forward,
+    as inductor's CUDA graphs give, with no tracing and no generated code (``CAPTURE``).
+
+    - 1st call: the eager forward, on a side stream (its first call lets cuBLAS and the allocator set up the
+      workspaces that a recording must not allocate).
+    - 2nd call: the forward is recorded (``record_cuda_graph``), reading ``input_ids`` and ``positions`` from
+      buffers of its own, then replayed.
+    - Later calls: copy ``input_ids`` ``[1, width]`` and ``positions`` ``[width]`` into the buffers and replay.
+
+    A replay reads and writes the same addresses as the recording did: the K/V are fixed tensors (allocated eagerly
+    in ``StaticKV._allocate_and_check``), and where a token's K/V go, and which slots its attention reads, follow
+    the *values* in the positions buffer (``forward_at_positions``), so rollbacks need no new graph. Every call
+    returns the same logits tensor, which the next replay overwrites: ``forward_compiled`` copies the rows it keeps.
+    Only device work may run in the recorded forward: a host read of a device value (``.item()``) is an error
+    while recording, and the cache is then not made (the generation runs eager and says why: ``compiled_or_eager``).
+    transformers (5.17 and 5.25 checked) builds the attention mask with device work alone while a stream records.
+    """
+
+    def __init__(self, width: int):
+        self.width, self.calls, self.graph = width, 0, None
+
+    def __call__(self, model: torch.nn.Module, input_ids: torch.Tensor, static: StaticKV, positions: torch.Tensor):
+        if self.graph is None:
+            self.calls += 1
+            if self.calls == 1:
+                return self._warm_up(model, input_ids, static, positions)
+            self.input_ids, self.positions = input_ids.clone(), positions.clone()  # the addresses the graph reads
+            self.graph, self.out = record_cuda_graph(
+                lambda: forward_at_positions(model, self.input_ids, static, self.positions), static.device)
+        self.input_ids.copy_(input_ids)
+        self.positions.copy_(positions)
+        self.graph.replay()
+        return type(self.out)(**self.out)  # a new output object over the same tensors (callers may replace its fields)
+
+    @staticmethod
+    def _warm_up(model, input_ids, static, positions):
+        if static.device.type != "cuda":
+            return forward_at_positions(model, input_ids, static, positions)
+        side, main = torch.cuda.Stream(static.device), torch.cuda.current_stream(static.device)
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            out = forward_at_positions(model, input_ids, static, positions)
+        main.wait_stream(side)
+        return out
 
 
 def full_compile_options(device: torch.device, compile_options: dict | None) -> dict:
@@ -393,11 +464,15 @@ def full_compile_options(device: torch.device, compile_options: dict | None) -> 
     error). On CUDA, unless the options name a mode, a backend or inductor options, also
     ``mode="reduce-overhead"``: CUDA graphs, which replay a whole step with one launch. Measured on an
     H200 (``assets/results/gpu_h200_2026-11-30``, run 4): the SmolLM2-1.7B-shaped step went from
-    14.1 ms eager to 2.43 ms.
+    14.1 ms eager to 2.43 ms. ``$SPECDEC_EDU_COMPILE=capture`` makes that default ``backend=CAPTURE``
+    instead (CUDA graphs without a compiler).
     """
     options = dict(compile_options or {})
     if torch.device(device).type == "cuda" and not options.keys() & {"mode", "backend", "options"}:
-        options["mode"] = "reduce-overhead"
+        if os.environ.get("SPECDEC_EDU_COMPILE", "").strip() == CAPTURE:
+            options["backend"] = CAPTURE
+        else:
+            options["mode"] = "reduce-overhead"
     return {"dynamic": False, "fullgraph": True, **options}
 
 

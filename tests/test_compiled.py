@@ -205,8 +205,10 @@ def test_compiles_by_default_on_cuda_only_unless_the_switch_says(monkeypatch):
     assert not compiles_by_default("cuda")
     monkeypatch.setenv("SPECDEC_EDU_COMPILE", "1")
     assert compiles_by_default("cpu")
+    monkeypatch.setenv("SPECDEC_EDU_COMPILE", "capture")  # CUDA graphs without a compiler: they exist on CUDA only
+    assert [compiles_by_default(d) for d in ("cuda", "cpu", "mps")] == [True, False, False]
     monkeypatch.setenv("SPECDEC_EDU_COMPILE", "yes")
-    with pytest.raises(ValueError, match="set it to 1 .* or 0"):
+    with pytest.raises(ValueError, match="set it to 1 .*, 0 .* or capture"):
         compiles_by_default("cpu")
 
 
@@ -218,6 +220,16 @@ def test_cuda_graphs_are_the_default_mode_on_cuda_only():
     assert kv.full_compile_options(torch.device("cuda"), {"mode": "default"}) == {**base, "mode": "default"}
     assert kv.full_compile_options(torch.device("cuda"), COMPILE) == {**base, **COMPILE}
     assert "mode" not in kv.full_compile_options(torch.device("cuda"), {"options": {"triton.cudagraphs": False}})
+    assert kv.full_compile_options(torch.device("cpu"), None) == base
+
+
+def test_the_capture_switch_makes_captured_cuda_graphs_the_default_on_cuda(monkeypatch):
+    """$SPECDEC_EDU_COMPILE=capture: the compiled caches' default on CUDA is backend="capture" (no mode, which
+    only torch.compile reads); options the caller names still win, and the CPU gets no default."""
+    monkeypatch.setenv("SPECDEC_EDU_COMPILE", "capture")
+    base = {"dynamic": False, "fullgraph": True}
+    assert kv.full_compile_options(torch.device("cuda"), None) == {**base, "backend": kv.CAPTURE}
+    assert kv.full_compile_options(torch.device("cuda"), {"mode": "default"}) == {**base, "mode": "default"}
     assert kv.full_compile_options(torch.device("cpu"), None) == base
 
 
@@ -313,14 +325,15 @@ def test_a_compiled_cache_shorter_than_a_width_still_compiles_and_matches_eager(
             kv.forward_cached(model, torch.tensor([[9]]), static)
 
 
-@pytest.mark.parametrize("mode, calls", [("reduce-overhead", 2), (None, 1)])
+@pytest.mark.parametrize("mode, calls", [("reduce-overhead", 2), (None, 1), ("capture", 2)])
 def test_with_cuda_graphs_every_width_runs_twice_when_the_cache_is_made(mode, calls):
     """Under mode="reduce-overhead" the first call of a compiled width only warms it up (inductor's cudagraph trees
     run it eagerly) and the graph is recorded at the second: a single call left the recording to the first
     generation, inside its clock. (Counted with the eager forward standing in for the compiled one.)"""
     model = tiny_llama(seed=9)
     static = kv.new_static_cache(model, 32)  # not compiled: the widths are run by hand below
-    static.widths, static.compile_options = kv.WIDTHS, {**static.compile_options, **({"mode": mode} if mode else {})}
+    extra = {"backend": kv.CAPTURE} if mode == "capture" else {"mode": mode} if mode else {}
+    static.widths, static.compile_options = kv.WIDTHS, {**static.compile_options, **extra}
     seen = []
     static.compiled_step = lambda m, width: lambda *args, **kw: (seen.append(width), kv.forward_at_positions(*args, **kw))[1]
     static._compile_every_width(model)
@@ -358,3 +371,89 @@ def test_a_model_moved_to_another_dtype_gets_a_new_compiled_cache():
     assert again.stats.compiled and kv.existing_static_cache(model, 8).dtype == torch.float64
     assert again.sequences.tolist() == autoregressive_generate(model, prompt, max_new_tokens=6).sequences.tolist()
     assert first.stats.compiled
+
+
+# ---- CUDA graphs captured without a compiler (compile_options={"backend": "capture"}) --------------------------------
+
+
+def fake_recording(log: list):
+    """Stands in for ``kv.record_cuda_graph`` on the CPU, with a CUDA graph's contract: the recording returns output
+    tensors, and every replay re-runs the recorded forward (which reads the step's own input buffers) into those same
+    tensors. So a step that replayed before copying its inputs, or a caller that kept a replay's logits without
+    copying them, gives wrong tokens here as on a GPU."""
+
+    class Graph:
+        def __init__(self, forward, out):
+            self.forward, self.out = forward, out
+
+        def replay(self):
+            log.append("replay")
+            fresh = self.forward()
+            for name, value in self.out.items():
+                if isinstance(value, torch.Tensor):
+                    value.copy_(fresh[name])
+
+    def record(forward, device):
+        log.append("record")
+        out = forward()
+        return Graph(forward, out), out
+
+    return record
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_captured_steps_replay_into_the_same_tensors_and_give_the_eager_tokens(prompt, monkeypatch):
+    """The capture path's plumbing on the CPU (``fake_recording``): each width of both models is warmed up eagerly,
+    recorded once when the caches are made, and only replayed afterwards, and greedy speculative decoding gives the
+    target's own greedy tokens, token for token in fp32 (rejections included: the draft is a perturbed copy).
+    Fresh models: the compiled caches are shared per model."""
+    target = tiny_llama(seed=0)
+    draft = perturbed_copy(target, noise=0.3, seed=2)
+    log = []
+    monkeypatch.setattr(kv, "record_cuda_graph", fake_recording(log))
+    capture = {"backend": kv.CAPTURE}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback to eager, no other warning
+        out = speculative_generate(target, draft, prompt, max_new_tokens=20, gamma=4, compile=True,
+                                   compile_options=capture)
+    assert out.stats.compiled and out.stats.rejected_rounds > 0
+    assert out.sequences[0, prompt.shape[1]:].tolist() == reference(target, prompt, 20)
+    assert log.count("record") == 2 * len(kv.WIDTHS) and log.count("replay") > log.count("record")
+    recorded = len(log)
+    again = speculative_generate(target, draft, prompt, max_new_tokens=20, gamma=4, compile=True, compile_options=capture)
+    assert again.sequences.tolist() == out.sequences.tolist() and "record" not in log[recorded:]
+
+
+def test_capture_on_a_cpu_falls_back_to_eager_naming_cuda():
+    """A CPU has no CUDA graphs: compile_options={"backend": "capture"} there runs both models eager, with one warning
+    each that names CUDA, and the tokens are the eager ones."""
+    target = tiny_llama(seed=0)
+    draft = perturbed_copy(target, noise=0.3, seed=2)
+    eager = speculative_generate(target, draft, PROMPTS[0], max_new_tokens=8, gamma=3, compile=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = speculative_generate(target, draft, PROMPTS[0], max_new_tokens=8, gamma=3, compile=True,
+                                   compile_options={"backend": kv.CAPTURE})
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 2 and all("records CUDA graphs" in m and "runs eager" in m for m in messages), messages
+    assert not out.stats.compiled and out.sequences.tolist() == eager.sequences.tolist()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_captured_cuda_graphs_give_the_targets_greedy_tokens_on_cuda(prompt):
+    """On CUDA, in fp32: both models' widths recorded as real CUDA graphs; greedy speculative decoding and target-only
+    decoding give HF's greedy tokens, token for token, with no warning (no fallback to eager)."""
+    target = tiny_llama(seed=0).cuda()
+    draft = perturbed_copy(tiny_llama(seed=0), noise=0.3, seed=2).cuda()
+    prompt = prompt.cuda()
+    capture = {"backend": kv.CAPTURE}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = speculative_generate(target, draft, prompt, max_new_tokens=24, gamma=4, compile=True, compile_options=capture)
+        alone = autoregressive_generate(target, prompt, max_new_tokens=24, compile=True, compile_options=capture)
+    expected = reference(target, prompt, 24)
+    assert out.stats.compiled and out.sequences[0, prompt.shape[1]:].tolist() == expected
+    assert alone.sequences[0, prompt.shape[1]:].tolist() == expected
+    steps = kv.existing_static_cache(target, 8)._steps.values()
+    assert steps and all(isinstance(step, kv.CapturedStep) and step.graph is not None for step in steps)
