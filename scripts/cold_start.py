@@ -25,10 +25,11 @@ included). Every path runs **cold** (empty compile caches: ``TORCHINDUCTOR_CACHE
 point at a fresh temporary folder) and then **warm** (the same folder, now filled), with all CPUs and under
 ``taskset -c 0,1``: two CPUs, a proxy for Colab's 2 vCPUs (compiling is CPU work).
 
-Paths (``--paths``): ``default`` (what ``speculative_generate`` does here: inductor with CUDA graphs on CUDA, eager
-on a CPU), ``inductor`` (compiled, inductor's default mode), ``cudagraphs`` (torch's ``cudagraphs`` backend: CUDA
-graphs captured without inductor, no code generation; CUDA only), ``capture`` (``kv.CAPTURE``: each width's
-eager forward recorded with ``torch.cuda.graph``, no dynamo either; CUDA only), ``eager``.
+Paths (``--paths``): ``default`` (what ``speculative_generate`` does here: ``capture`` on CUDA, eager on a CPU),
+``capture`` (``kv.CAPTURE``: each width's eager forward recorded with ``torch.cuda.graph``, no dynamo, no inductor;
+CUDA only), ``reduce-overhead`` (inductor with CUDA graphs: the default on CUDA until 2026-12-04), ``inductor``
+(compiled, inductor's default mode), ``cudagraphs`` (torch's ``cudagraphs`` backend: dynamo's trace replayed as
+CUDA graphs, no code generation; CUDA only), ``eager``.
 Goal on a GPU under two CPUs (issue 24): cold ≤ 90 s, warm ≤ 20 s.
 """
 
@@ -45,7 +46,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PATHS = {"default": None, "inductor": {"backend": "inductor", "mode": "default"}, "cudagraphs": {"backend": "cudagraphs"},
+PATHS = {"default": None, "inductor": {"backend": "inductor", "mode": "default"},
+         "reduce-overhead": {"backend": "inductor", "mode": "reduce-overhead"}, "cudagraphs": {"backend": "cudagraphs"},
          "capture": {"backend": "capture"}, "eager": None}
 PARTS = ("import", "build", "compile", "first_token")
 GAMMA = 4  # the course's γ

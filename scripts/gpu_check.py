@@ -212,11 +212,13 @@ def target_only_row(check: Check, mode: str, runs: list, read_bytes_per_s: float
             "fraction_of_read_bandwidth": effective / read_bytes_per_s}
 
 
-def speculative_row(check: Check, mode: str, label: str, point, dial, runs: list, base: dict) -> dict:
+def speculative_row(check: Check, mode: str, label: str, point, dial, runs: list, base: dict,
+                    reference_new: torch.Tensor) -> dict:
     """One dial-α row: measured speedup against the run's own α, c, verify cost and Leviathan's prediction.
 
     ``base`` is the target-only row of the same mode: speedup = its seconds per token / this row's, and
-    c and the verify cost are this row's draft time per token and verify forward over its decode step."""
+    c and the verify cost are this row's draft time per token and verify forward over its decode step.
+    ``reference_new``: that mode's target-only greedy tokens, which the output is compared with."""
     noise, gamma = point
     result = runs[-1][0]
     new = result.row(0)
@@ -227,7 +229,7 @@ def speculative_row(check: Check, mode: str, label: str, point, dial, runs: list
     alpha, c, verify_cost = result.stats.alpha, profiled.draft_seconds_per_token / step, phases["verify_forward"] / step
     known = None not in (maybe(alpha), maybe(c))  # NaN when nothing was judged or drafted (the dial left the reference)
     predicted = expected_speedup(min(alpha, 0.999999), gamma, c, verify_cost) if known else None
-    divergence = first_divergence(check.target, check.prompt, check.reference_new, new)
+    divergence = first_divergence(check.target, check.prompt, reference_new, new)
     return {"mode": mode, "target": "compiled" if result.stats.compiled else "eager", "draft": label, "noise": noise,
             "gamma": gamma, "alpha_dial": dial.alpha, "alpha": maybe(alpha), "tau": maybe(result.stats.tau),
             "new_tokens": len(new), "seconds": seconds, "speedup": speedup,
@@ -238,18 +240,30 @@ def speculative_row(check: Check, mode: str, label: str, point, dial, runs: list
 
 
 def decoding_rows(check: Check, mode: str, drafters: dict, points: list, read_bytes_per_s: float) -> tuple[dict, list]:
-    """Target-only and speculative decoding in ``mode``, interleaved: the target-only row and one row per (draft, point)."""
+    """Target-only and speculative decoding in ``mode``, interleaved: the target-only row and one row per (draft, point).
+
+    The dial replays the greedy output of the target *on this mode's path*. A compiled target in bf16 can break a
+    near-tie otherwise than the eager one: on the H200 (assets/results/gpu_h200_2026-12-04_lease2) the compiled
+    7b target left the eager reference at new token 7, the dial then proposed nothing, and every row measured
+    target-only decoding (τ 1.12 at dial α 0.8). The base row says where the two paths part (``divergence_from_eager``).
+    """
     kw, target, prompt, n_new = check.target_kwargs(mode), check.target, check.prompt, check.n_new
+    reference_new = check.reference_new
+    if kw.get("compile"):
+        reference_new = autoregressive_generate(target, prompt, max_new_tokens=n_new, **kw).row(0)
+    reference = torch.cat([prompt[0], reference_new])
     fns, dials = {"target": lambda: autoregressive_generate(target, prompt, max_new_tokens=n_new, **kw)}, {}
     for label, drafter in drafters.items():
         for point in points:
             # eager mode hands in bare models: keep them eager (a bare model's default is compiled on CUDA)
-            dial = dials[label, point] = ReplayDrafter(check.reference, point[0], check.vocab, cost_model=drafter,
+            dial = dials[label, point] = ReplayDrafter(reference, point[0], check.vocab, cost_model=drafter,
                                                        compile=mode != "eager")
             fns[label, point] = lambda dial=dial, g=point[1]: check.speculative(dial, g, mode)
     runs = check.benchmark(fns)
     base = target_only_row(check, mode, runs["target"], read_bytes_per_s)
-    rows = [speculative_row(check, mode, label, point, dial, runs[label, point], base) for (label, point), dial in dials.items()]
+    base["divergence_from_eager"] = first_divergence(target, prompt, check.reference_new, reference_new)
+    rows = [speculative_row(check, mode, label, point, dial, runs[label, point], base, reference_new)
+            for (label, point), dial in dials.items()]
     return base, rows
 
 
@@ -257,6 +271,9 @@ def print_decoding(base: dict, rows: list) -> None:
     print(f"   target-only ({base['target']} target): {base['tok_s']:.1f} tok/s, step {base['step_ms']:.2f} ms → weights read at "
           f"{base['effective_GB_s']:.0f} GB/s = {100 * base['fraction_of_read_bandwidth']:.0f} % of the read bandwidth "
           "(weight bytes × decode steps/s ÷ section 1's torch.sum bytes/s)")
+    if base.get("divergence_from_eager"):
+        print("   this path's target-only output (what the dial replays) vs the eager one: "
+              f"{describe(base['divergence_from_eager'])}")
     print("   draft   noise  γ  α(dial) α(run)  speedup    c     verify  predicted  reached  same as target")
     fmt = lambda x, spec: "n/a" if x is None else format(x, spec)  # noqa: E731
     for r in rows:

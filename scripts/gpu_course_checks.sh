@@ -102,13 +102,12 @@ fp16_report() {  # smoke 3: forced fp16, on the embedded pair's shapes (compiled
 }
 
 cold_start() {  # smoke 4: cold start under two CPUs (a Colab proxy), with each path's step after it. The default path
-  # first: on the H200 (2026-12-04, assets/results/gpu_h200_2026-12-04) CUDA graphs without inductor were measured
-  # (63 s cold, 57 s warm: dynamo's tracing, in every process) and the default's cold row did not finish in the
-  # 110 s left; so now the graphs recorded without dynamo (capture) first, then eager, the fast start to weigh
-  # against, then the default, the slowest; the rows print (and the JSON is saved) as they come, so a timeout
+  # first (CUDA graphs recorded without a compiler, since 2026-12-04: 13.6 s cold, 14.2 s warm on the H200 in
+  # assets/results/gpu_h200_2026-12-04_lease2), then eager, the fast start to weigh against, then inductor with CUDA
+  # graphs, the slowest (175.5 s cold there); the rows print (and the JSON is saved) as they come, so a timeout
   # keeps the finished rows
   if (( $(left) < 60 )); then echo "smoke 4 (cold start) skipped: $(left) s of BUDGET left" | tee "$OUT/cold_start.txt"; return; fi
-  timeout "$(limit 400)" "$PY" scripts/cold_start.py --device "$DEVICE" --paths "${COLD_PATHS:-capture,eager,default}" \
+  timeout "$(limit 400)" "$PY" scripts/cold_start.py --device "$DEVICE" --paths "${COLD_PATHS:-default,eager,reduce-overhead}" \
     --cpus "0,1" --json "$OUT/cold_start.json" 2>&1 | tee "$OUT/cold_start.txt" || status=$?
 }
 

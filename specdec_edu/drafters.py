@@ -181,8 +181,8 @@ class ModelDrafter:
         max_cache_len: with ``compile``, the positions the cache must hold (default: the model's
             ``max_position_embeddings``); a generation that needs more raises, naming the fix.
         compile: keep K/V in a preallocated static cache (see ``kv.StaticKV``) and run every
-            forward (one-token steps, the catch-up feed, the prefill) through ``torch.compile``'d
-            code of a few fixed input widths (see ``kv.forward_compiled``); same output. The cache
+            forward (one-token steps, the catch-up feed, the prefill) through fixed-shape code of
+            a few input widths (on CUDA: CUDA graphs; see ``kv.forward_compiled``); same output. The cache
             is the draft model's shared compiled cache (``kv.shared_static_cache``: ``max_cache_len``
             rounded up to a power of two, at least 256). Off by default here: compiling takes
             seconds to minutes and pays off only over many steps, on a GPU.
@@ -192,8 +192,8 @@ class ModelDrafter:
             ``static_cache=True, compile=True`` still reads as it did). A static cache without
             compiling is not offered here: no lesson used it (``kv.new_static_cache`` makes one for tests).
         compile_options: keyword arguments for ``torch.compile``, over the defaults
-            ``dynamic=False, fullgraph=True`` and, on CUDA, ``mode="reduce-overhead"`` (CUDA graphs;
-            see ``kv.full_compile_options``; tests pass ``{"backend": "aot_eager"}``).
+            ``dynamic=False, fullgraph=True`` and, on CUDA, ``backend="capture"`` (CUDA graphs recorded
+            without a compiler; see ``kv.full_compile_options``; tests pass ``{"backend": "aot_eager"}``).
             ``dynamic=False`` because each width always has the same shapes (ids ``[1, w]``,
             positions ``[w]``, a cache of ``max_cache_len`` slots) and the positions are a
             tensor argument, not Python ints: one compilation per width serves every step.

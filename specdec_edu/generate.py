@@ -251,21 +251,22 @@ def target_cache(target, compile: bool, compile_options: dict | None, positions:
 def compiles_by_default(device) -> bool:
     """What ``compile=None`` (the default) means on ``device``: compile, or run eager?
 
-    ``$SPECDEC_EDU_COMPILE`` decides when set (``1``: compile, ``0``: eager, ``capture``: on CUDA, CUDA graphs
-    recorded from the eager forward without a compiler, see ``kv.CAPTURE``; eager elsewhere). Otherwise: compile on
-    CUDA, where CUDA graphs took the SmolLM2-1.7B-shaped step from 14.1 ms to 2.43 ms (H200, run 4 in
-    ``assets/results/gpu_h200_2026-11-30``); run eager elsewhere. On this course's 2-core CPU the compiled
-    path ran speculative decoding 1.09× as fast as eager (``assets/results/bench_cpu_compiled.json``), but
-    compiling the embedded pair took about three minutes from a cold cache, in every new process
-    (``compile_cost_cpu.json``), and needs a C++ compiler; MPS is untested.
+    ``$SPECDEC_EDU_COMPILE`` decides when set (``1``: compile, ``0``: eager, ``inductor``: on CUDA, compile with
+    inductor and CUDA graphs instead of the default, see ``kv.full_compile_options``; eager elsewhere). Otherwise:
+    compile on CUDA, where CUDA graphs took the SmolLM2-1.7B-shaped step from 14.1 ms to 2.43 ms with inductor
+    (H200, run 4 in ``assets/results/gpu_h200_2026-11-30``) and to 3.56 ms recorded without a compiler (the
+    default there, ``kv.CAPTURE``: first token in 14 s, not 176 s, under two CPUs); run eager elsewhere. On this
+    course's 2-core CPU the compiled path ran speculative decoding 1.09× as fast as eager
+    (``assets/results/bench_cpu_compiled.json``), but compiling the embedded pair took about three minutes from a
+    cold cache, in every new process (``compile_cost_cpu.json``), and needs a C++ compiler; MPS is untested.
     """
     chosen = os.environ.get("SPECDEC_EDU_COMPILE", "").strip()
-    if chosen not in ("", "0", "1", kv.CAPTURE):
-        raise ValueError(f"SPECDEC_EDU_COMPILE={chosen!r}: set it to 1 (compile), 0 (eager) or {kv.CAPTURE} (CUDA graphs "
-                         "without a compiler), or unset it.")
+    if chosen not in ("", "0", "1", "inductor"):
+        raise ValueError(f"SPECDEC_EDU_COMPILE={chosen!r}: set it to 1 (compile), 0 (eager) or inductor (on CUDA, "
+                         "inductor's code with CUDA graphs), or unset it.")
     if chosen in ("0", "1"):
         return chosen == "1"
-    return torch.device(device).type == "cuda"  # unset, or capture: CUDA graphs exist on CUDA only
+    return torch.device(device).type == "cuda"  # unset, or inductor (a CUDA choice): compile on CUDA only
 
 
 def resolve_compile(compile: bool | None, device, eager_reason: str | None) -> bool:
@@ -382,16 +383,17 @@ def speculative_generate(
             Default: the rule itself (``verify_drafts``; ``greedy_verify`` when greedy).
         profile: wait for the device at every phase of a round, so that ``stats.phase_seconds``
             and the draft/verify times are exact on a GPU (slower there; free on a CPU).
-        compile: run every forward through ``torch.compile``'d code on static caches
-            (``kv.forward_compiled``): the target's (prefill, verify of every width γ' + 1) and,
-            when ``draft`` is a model, the draft's (a compiled ``ModelDrafter``); same output.
+        compile: run every forward through fixed-shape code on static caches (``kv.forward_compiled``;
+            on CUDA, CUDA graphs recorded from the eager forward, ``kv.CAPTURE``): the target's (prefill,
+            verify of every width γ' + 1) and, when ``draft`` is a model, the draft's (a compiled ``ModelDrafter``); same output.
             ``None`` (default): compiled on CUDA, eager elsewhere, or as ``$SPECDEC_EDU_COMPILE``
             says (``compiles_by_default``). The first compiled call with a model compiles all its
             input widths (seconds to minutes) before the clock starts, so ``stats`` never include
             it; later calls reuse them. A batch, or a drafter that reads the target's features,
             runs eager (with a warning if you passed ``compile=True``).
         compile_options: keyword arguments for ``torch.compile`` (default on CUDA:
-            ``{"mode": "reduce-overhead"}``, CUDA graphs); see ``kv.full_compile_options``.
+            ``{"backend": "capture"}``, CUDA graphs without a compiler; ``{"mode": "reduce-overhead"}``:
+            inductor with CUDA graphs); see ``kv.full_compile_options``.
 
     Generation stops at EOS, at ``max_new_tokens``, or when the sequence fills the target's
     ``max_position_embeddings``; ``result.stats.stopped_by`` says which. What each timer in

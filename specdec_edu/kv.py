@@ -17,10 +17,11 @@ Two kinds of cache:
   (K/V preallocated for ``max_len`` positions, written in place) plus the write position,
   which we keep on the host. Rollback just moves the write position back, and the slots
   beyond it (stale drafts) are hidden by the causal mask until they are overwritten.
-  Fixed shapes are what ``torch.compile`` needs: with ``compile=True`` every forward runs
-  through compiled code of a few fixed input widths (``WIDTHS``: 1, 8, 16), padding the input up
-  to the next width (``forward_compiled`` says why that cannot change the result). When it is
-  made, a ``StaticKV`` checks that a write after a rollback lands where the host says.
+  Fixed shapes are what CUDA graphs and ``torch.compile`` need: with ``compile=True`` every forward
+  runs through fixed-shape code of a few input widths (``WIDTHS``: 1, 8, 16; on CUDA by default each
+  width's forward recorded as a CUDA graph, ``CapturedStep``; elsewhere ``torch.compile``'d), padding
+  the input up to the next width (``forward_compiled`` says why that cannot change the result). When
+  it is made, a ``StaticKV`` checks that a write after a rollback lands where the host says.
 
 Three ways to run a forward, named for how they differ:
 
@@ -244,10 +245,11 @@ class StaticKV:
     forward that raises (or is interrupted) leaves ``length`` as it was; it refuses, naming
     the fix, once ``max_len`` would be exceeded.
 
-    With ``compile=True`` every forward goes through ``torch.compile``'d code of fixed
-    shape (see ``forward_compiled``): the K/V tensors get ``max(WIDTHS) − 1`` spare slots
-    after ``max_len`` for a padded tail, and each input width is compiled once, when the
-    cache is made.
+    With ``compile=True`` every forward goes through fixed-shape code (see ``forward_compiled``:
+    CUDA graphs recorded from the eager forward by default on CUDA, ``torch.compile``'d code
+    elsewhere or when the options ask): the K/V tensors get ``max(WIDTHS) − 1`` spare slots
+    after ``max_len`` for a padded tail, and each input width is compiled (or recorded) once,
+    when the cache is made.
 
     ``holder``: whoever last took this cache for its own use (an opaque token). A shared
     compiled cache (``shared_static_cache``) serves every ``ModelDrafter`` of its model; a
@@ -320,15 +322,18 @@ class StaticKV:
     def _compile_every_width(self, model: torch.nn.Module) -> None:
         """Compile every width now, with forwards of zeros, and forget them: no generation's timing then includes
         compiling (``speculative_generate`` makes its caches before it starts the clock). With CUDA graphs
-        (``mode="reduce-overhead"``) each width runs twice: the first call of a compiled function only warms it up
-        (eagerly, in inductor's cudagraph trees), and the graph is recorded at the second."""
+        (``mode="reduce-overhead"``, or ``CAPTURE``) each width runs twice: the first call only warms it up
+        (eagerly: in inductor's cudagraph trees, or ``CapturedStep``'s), and the graph is recorded at the second."""
         calls = 2 if (self.compile_options.get("mode") in ("reduce-overhead", "max-autotune")
                       or self.compile_options.get("backend") == CAPTURE) else 1
         started, say = time.perf_counter(), announces_compiling(self.device)
+        captured = self.compile_options.get("backend") == CAPTURE
         if say:  # minutes of silence on Colab's two CPUs would look like a hang
             millions = sum(p.numel() for p in model.parameters()) / 1e6
-            print(f"compiling {type(model).__name__} ({millions:,.0f} M parameters) for input widths "
-                  f"{', '.join(map(str, self.widths))}: once per model, minutes on two CPUs ...", file=sys.stderr, flush=True)
+            what = ("recording CUDA graphs of" if captured else "compiling") + f" {type(model).__name__}"
+            cost = "seconds" if captured else "minutes on two CPUs"
+            print(f"{what} ({millions:,.0f} M parameters) for input widths {', '.join(map(str, self.widths))}: once per "
+                  f"model, {cost} ...", file=sys.stderr, flush=True)
         with warnings.catch_warnings():
             # In float32 on CUDA, inductor advises turning on TF32 (10-bit mantissas in the matrix products). The
             # course runs float32 to be exact, so that advice is noise here (it showed in 7 of the 12 notebooks on an H200).
@@ -340,7 +345,8 @@ class StaticKV:
                                                                                     device=self.device), n)
                     self.rollback(n)
         if say:
-            print(f"... compiled in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
+            print(f"... {'recorded' if captured else 'compiled'} in {time.perf_counter() - started:.0f} s", file=sys.stderr,
+                  flush=True)
 
     def write(self, step: Callable, model: torch.nn.Module, input_ids: torch.Tensor, n: int, **kwargs):
         """``step(model, input_ids [1, w], self, positions [w], **kwargs)`` at the next w positions (w = the input's
@@ -390,10 +396,12 @@ class StaticKV:
         return self._steps[key]
 
 
-# compile_options={"backend": CAPTURE}: no compiler at all. Each width's eager forward is recorded as one CUDA graph
-# (``CapturedStep``). What a compiled width costs to make is mostly dynamo's tracing and inductor's code generation,
-# CPU work that took 46-50 s per process for the course pair under two CPUs (torch's own "cudagraphs" backend,
-# which traces too; assets/results/gpu_h200_2026-12-04); a capture costs two eager forwards per width.
+# compile_options={"backend": CAPTURE}, the default on CUDA: no compiler at all. Each width's eager forward is recorded
+# as one CUDA graph (``CapturedStep``). What a compiled width costs to make is dynamo's tracing and inductor's code
+# generation, CPU work. Measured on an H200 under two CPUs (a proxy for Colab's; SmolLM2-1.7B and -135M shapes, bf16,
+# assets/results/gpu_h200_2026-12-04_lease2): a fresh process reached its first token in 13.6 s with CAPTURE (14.2 s
+# with warm disk caches) and 175.5 s with inductor (49.9 s warm), whose target step was faster: 2.50 ms against 3.56.
+# Capturing also needs no Triton, which has failed to compile bf16 below sm_80 (a T4). Inductor stays one option away.
 CAPTURE = "capture"
 
 
@@ -404,7 +412,7 @@ def record_cuda_graph(forward: Callable, device: torch.device):
         raise ValueError(f'compile_options={{"backend": "{CAPTURE}"}} records CUDA graphs, and this model is on '
                          f'{device.type}: use it on a CUDA device, or leave compile_options unset.')
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.device(device), torch.cuda.graph(graph):  # the model's GPU, which need not be the current one
         out = forward()
     return graph, out
 
@@ -462,17 +470,17 @@ def full_compile_options(device: torch.device, compile_options: dict | None) -> 
     ``dynamic=False``: every width is its own fixed-shape program. ``fullgraph=True``: one graph per
     width, so no part of the forward runs eagerly between compiled pieces (a graph break would be an
     error). On CUDA, unless the options name a mode, a backend or inductor options, also
-    ``mode="reduce-overhead"``: CUDA graphs, which replay a whole step with one launch. Measured on an
-    H200 (``assets/results/gpu_h200_2026-11-30``, run 4): the SmolLM2-1.7B-shaped step went from
-    14.1 ms eager to 2.43 ms. ``$SPECDEC_EDU_COMPILE=capture`` makes that default ``backend=CAPTURE``
-    instead (CUDA graphs without a compiler).
+    ``backend=CAPTURE``: CUDA graphs recorded from the eager forward, which replay a whole step with one
+    launch and need no compiler (why this default: ``CAPTURE``). ``$SPECDEC_EDU_COMPILE=inductor`` makes
+    that default ``mode="reduce-overhead"`` instead: inductor's code, with CUDA graphs (a faster step,
+    minutes to compile).
     """
     options = dict(compile_options or {})
     if torch.device(device).type == "cuda" and not options.keys() & {"mode", "backend", "options"}:
-        if os.environ.get("SPECDEC_EDU_COMPILE", "").strip() == CAPTURE:
-            options["backend"] = CAPTURE
-        else:
+        if os.environ.get("SPECDEC_EDU_COMPILE", "").strip() == "inductor":
             options["mode"] = "reduce-overhead"
+        else:
+            options["backend"] = CAPTURE
     return {"dynamic": False, "fullgraph": True, **options}
 
 
@@ -480,11 +488,12 @@ def new_static_cache(model: torch.nn.Module, max_len: int, compile: bool = False
                      compile_options: dict | None = None) -> StaticKV:
     """An empty static KV cache for ``model`` with room for ``max_len`` positions.
 
-    ``compile=True``: ``forward_cached`` then runs every input through ``torch.compile``'d code of a
-    few fixed widths (see ``forward_compiled``); without it, the same code runs eagerly (what tests of
+    ``compile=True``: ``forward_cached`` then runs every input through fixed-shape code of a few
+    widths (see ``forward_compiled``); without it, the same code runs eagerly (what tests of
     where K/V are written use: no compiling). ``compile_options`` go to ``torch.compile``
-    over the defaults of ``full_compile_options`` (on CUDA: CUDA graphs), e.g. ``{"mode": "default"}``
-    (no CUDA graphs) or, in tests, ``{"backend": "aot_eager"}``. Compiled code is specialised to this cache
+    over the defaults of ``full_compile_options`` (on CUDA: CUDA graphs recorded without a compiler,
+    ``CAPTURE``), e.g. ``{"mode": "reduce-overhead"}`` (inductor with CUDA graphs), ``{"mode": "default"}``
+    (inductor, no CUDA graphs) or, in tests, ``{"backend": "aot_eager"}``. Compiled code is specialised to this cache
     (its ``max_len`` is a shape): keep the cache and reuse it for the next prompt, or use
     ``shared_static_cache``.
     """
@@ -550,7 +559,8 @@ def forward_compiled(model: torch.nn.Module, input_ids: torch.Tensor, static: St
 
 def announces_compiling(device: torch.device) -> bool:
     """Does compiling a cache on ``device`` print a line when it starts and when it ends? Off the CPU (a GPU: the
-    course's compiled path, where compiling takes minutes); on the CPU only tests compile, in seconds."""
+    course's compiled path, where recording CUDA graphs takes seconds and compiling with inductor minutes); on the
+    CPU only tests compile, in seconds."""
     return device.type != "cpu"
 
 

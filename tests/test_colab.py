@@ -105,7 +105,7 @@ def test_colab_cell_says_which_path_and_can_turn_compiling_off(path, monkeypatch
         assert os.environ["SPECDEC_EDU_COMPILE"] == "0"
         body = body.replace("    COMPILE = False\n", "    COMPILE = torch.cuda.is_available()\n")  # the switch still works
         exec(compile(body, path.name, "exec"), {})
-    assert printed[-1].endswith("path: compiled (torch.compile + CUDA graphs; COMPILE = False for eager)"), printed
+    assert printed[-1].endswith("path: compiled (CUDA graphs; COMPILE = False for eager)"), printed
     assert is_concept(path) or printed[-1].startswith("GPU: Tesla T4 · pair: smollm2 · path: compiled"), printed
     assert os.environ["SPECDEC_EDU_COMPILE"] == "1"
     exec(compile(body.replace("COMPILE = torch.cuda.is_available()", "COMPILE = False"), path.name, "exec"), {})

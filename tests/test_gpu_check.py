@@ -222,3 +222,28 @@ def test_goals_runs_only_the_compiled_rows_and_the_peers(gpu_check, tmp_path):
     assert all(r["identical_to_target"] for r in out["speculative"])
     with pytest.raises(SystemExit):
         gpu_check.main(TINY + ["--goals"])
+
+
+def test_the_dial_replays_the_measured_paths_own_target_output(gpu_check, tmp_path, monkeypatch):
+    """On the H200 the compiled 7b target broke a bf16 near-tie at new token 7 otherwise than the eager reference;
+    the dial, replaying the eager one, then proposed nothing and the rows measured target-only decoding (τ 1.12 at
+    α 0.8). Here the eager reference is made wrong at new token 3 instead: the compiled rows must not notice (the
+    dial follows the compiled target-only output), and the base row names where the eager one parts from it."""
+    class WrongEagerReference(gpu_check.Check):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            k = self.prompt.shape[1] + 3
+            self.reference_new = self.reference_new.clone()
+            self.reference_new[3] = (self.reference_new[3] + 1) % self.vocab
+            self.reference = self.reference.clone()
+            self.reference[k] = self.reference_new[3]
+
+    monkeypatch.setattr(gpu_check, "Check", WrongEagerReference)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*left the reference")
+        out = gpu_check.main(TINY + ["--quick", "--compile", "--compile-backend", "aot_eager", "--goals",
+                                     "--json", str(tmp_path / "g.json")])
+    assert out["target_only"][0]["divergence_from_eager"]["position"] == 3
+    assert all(r["identical_to_target"] and r["tau"] > 1.5 for r in out["speculative"]), out["speculative"]

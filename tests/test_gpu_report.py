@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from specdec_edu.__main__ import build_parser
 from specdec_edu.commands import gpu_report
@@ -134,3 +135,15 @@ def test_the_report_times_the_draft_on_the_cache_its_generations_compiled(tiny_p
     assert numbers["compiled"] and "path:   compiled" in text
     assert [role for role in kv._shared[draft] if isinstance(role, str)] == ["draft"]
     assert "target" in kv._shared[target]
+
+
+def test_the_path_line_names_the_compiled_path_the_device_takes(monkeypatch):
+    """The report names what a compiled run does there: on CUDA, CUDA graphs recorded without a compiler (the default)
+    or inductor's (SPECDEC_EDU_COMPILE=inductor); on a CPU, torch.compile."""
+    from specdec_edu.commands.gpu_report import compiled_path
+
+    monkeypatch.delenv("SPECDEC_EDU_COMPILE", raising=False)
+    assert compiled_path(torch.device("cuda")) == "compiled (CUDA graphs recorded from the eager forward, no compiler)"
+    assert compiled_path(torch.device("cpu")) == "compiled (torch.compile)"
+    monkeypatch.setenv("SPECDEC_EDU_COMPILE", "inductor")
+    assert compiled_path(torch.device("cuda")) == "compiled (torch.compile; inductor with CUDA graphs)"

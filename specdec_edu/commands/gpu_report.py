@@ -32,6 +32,8 @@ from typing import TextIO
 
 import torch
 
+from .. import kv
+
 #: A few chat prompts of the kind the course asks (the pair's own draft is measured on these).
 CHAT_PROMPTS = (
     "Explain photosynthesis in two sentences.",
@@ -158,8 +160,7 @@ def run_report(target, draft, tokenizer, settings: ReportSettings | None = None,
     first = time.perf_counter() - start
     compiled = first_run.stats.compiled  # the path taken: False where compiling failed and the run fell back to eager
     fell_back = " (compiling failed here: see the warning above)" if compiles_by_default(device) and not compiled else ""
-    say(f"path:   {'compiled (torch.compile; CUDA graphs on a GPU)' if compiled else 'eager'}{fell_back}; "
-        "SPECDEC_EDU_COMPILE=0/1 changes it")
+    say(f"path:   {compiled_path(device) if compiled else 'eager'}{fell_back}; SPECDEC_EDU_COMPILE=0/1/inductor changes it")
     loaded = f"load {load_seconds:.1f} s + " if load_seconds is not None else ""
     say(f"cold start in this process: {loaded}compile/capture and first token {first:.1f} s "
         "(scripts/cold_start.py times a fresh process, part by part)")
@@ -191,6 +192,13 @@ def run_report(target, draft, tokenizer, settings: ReportSettings | None = None,
     return {"device": name, "dtype": str(dtype), "compiled": compiled, "first_call_seconds": first, **costs,
             "speedup_own": speedup_own, "alpha_own": alpha_own, "speedup_dial": dial_speedup,
             "alpha_dial": dial_alpha}
+
+
+def compiled_path(device: torch.device) -> str:
+    """The compiled path's name on ``device``, as ``kv.full_compile_options`` picks it."""
+    if kv.full_compile_options(device, None).get("backend") == kv.CAPTURE:
+        return "compiled (CUDA graphs recorded from the eager forward, no compiler)"
+    return "compiled (torch.compile" + ("; inductor with CUDA graphs)" if device.type == "cuda" else ")")
 
 
 # ---- the README's "what to expect on your GPU" table: a prediction ------------------------------------------
