@@ -461,3 +461,45 @@ def test_captured_cuda_graphs_give_the_targets_greedy_tokens_on_cuda(prompt):
     assert alone.sequences[0, prompt.shape[1]:].tolist() == expected
     steps = kv.existing_static_cache(target, 8)._steps.values()
     assert steps and all(isinstance(step, kv.CapturedStep) and step.graph is not None for step in steps)
+
+
+class HostReads(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the operators that read a device value on the host (``.item()``, ``bool(t)``, ``nonzero``…): on CUDA each
+    is a sync, which is an error while a stream records a CUDA graph."""
+
+    READS = ("aten._local_scalar_dense", "aten.nonzero", "aten.masked_select", "aten.equal", "aten.is_nonzero")
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if str(func).startswith(self.READS):
+            self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("width", kv.WIDTHS)
+def test_the_forward_a_cuda_graph_records_reads_nothing_on_the_host(width, monkeypatch):
+    """What ``CapturedStep`` records is the eager ``forward_at_positions``. transformers builds the attention mask
+    differently while a CUDA stream records (its ``is_tracing`` asks ``torch.cuda.is_current_stream_capturing``): here
+    that answer is faked, on the CPU, and every width of the static cache's forward must then read no device value
+    on the host (a sync would end the recording) and give the logits it gives otherwise. CI runs this on every
+    transformers version in ``kv.TESTED_TRANSFORMERS``."""
+    with HostReads() as control:  # negative control: the spy sees a host read
+        bool(torch.ones(2).sum() > 1)
+    assert control.seen == ["aten._local_scalar_dense.default"]
+    model = tiny_llama(seed=5)
+    outputs = {}
+    for capturing in (False, True):
+        monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda capturing=capturing: capturing)
+        static = kv.new_static_cache(model, 40)
+        with torch.no_grad():
+            kv.forward_cached(model, torch.arange(3, 14)[None], static)  # a context of 11 tokens
+            static.rollback(2)  # two rejected drafts: the next write goes over them
+            with HostReads() as reads:
+                outputs[capturing] = static.write(kv.forward_at_positions, model, torch.arange(20, 20 + width)[None],
+                                                  width).logits
+        if capturing:
+            assert reads.seen == [], f"width {width}: host reads while recording: {reads.seen}"
+    torch.testing.assert_close(outputs[True], outputs[False], rtol=1e-5, atol=1e-5)
