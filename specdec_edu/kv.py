@@ -433,7 +433,8 @@ class CapturedStep:
     returns the same logits tensor, which the next replay overwrites: ``forward_compiled`` copies the rows it keeps.
     Only device work may run in the recorded forward: a host read of a device value (``.item()``) is an error
     while recording, and the cache is then not made (the generation runs eager and says why: ``compiled_or_eager``).
-    transformers (5.17 and 5.25 checked) builds the attention mask with device work alone while a stream records.
+    Every version in ``TESTED_TRANSFORMERS`` builds the attention mask with device work alone while a stream records
+    (``tests/test_compiled.py`` fakes the recording on the CPU and watches for host reads).
     """
 
     def __init__(self, width: int):
