@@ -2,7 +2,7 @@
 """How long a fresh process takes to its first generated token, part by part: a Colab learner's first wait.
 
     python scripts/cold_start.py                          # the course pair's shapes, on CUDA if present
-    python scripts/cold_start.py --paths default,cudagraphs,eager --json cold_start.json
+    python scripts/cold_start.py --paths default,reduce-overhead,eager --json cold_start.json
     python scripts/cold_start.py --tiny --paths eager --cpus all   # a smoke test on any CPU (CI)
 
 Each measurement is a new Python process (``--child``) that reports four parts:
