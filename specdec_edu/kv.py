@@ -324,10 +324,9 @@ class StaticKV:
         compiling (``speculative_generate`` makes its caches before it starts the clock). With CUDA graphs
         (``mode="reduce-overhead"``, or ``CAPTURE``) each width runs twice: the first call only warms it up
         (eagerly: in inductor's cudagraph trees, or ``CapturedStep``'s), and the graph is recorded at the second."""
-        calls = 2 if (self.compile_options.get("mode") in ("reduce-overhead", "max-autotune")
-                      or self.compile_options.get("backend") == CAPTURE) else 1
-        started, say = time.perf_counter(), announces_compiling(self.device)
         captured = self.compile_options.get("backend") == CAPTURE
+        calls = 2 if captured or self.compile_options.get("mode") in ("reduce-overhead", "max-autotune") else 1
+        started, say = time.perf_counter(), announces_compiling(self.device)
         if say:  # minutes of silence on Colab's two CPUs would look like a hang
             millions = sum(p.numel() for p in model.parameters()) / 1e6
             what = ("recording CUDA graphs of" if captured else "compiling") + f" {type(model).__name__}"
@@ -387,12 +386,13 @@ class StaticKV:
         stop after ``recompile_limit`` of them). One copy per width compiles each exactly once.
         """
         key = (id(model), width)
-        if key not in self._steps and self.compile_options.get("backend") == CAPTURE:
-            self._steps[key] = CapturedStep(width)
         if key not in self._steps:
-            code = forward_at_positions.__code__.replace()  # the same code, a new object
-            self._steps[key] = torch.compile(types.FunctionType(code, forward_at_positions.__globals__),
-                                             **self.compile_options)
+            if self.compile_options.get("backend") == CAPTURE:
+                self._steps[key] = CapturedStep()
+            else:
+                code = forward_at_positions.__code__.replace()  # the same code, a new object
+                self._steps[key] = torch.compile(types.FunctionType(code, forward_at_positions.__globals__),
+                                                 **self.compile_options)
         return self._steps[key]
 
 
@@ -437,8 +437,8 @@ class CapturedStep:
     (``tests/test_compiled.py`` fakes the recording on the CPU and watches for host reads).
     """
 
-    def __init__(self, width: int):
-        self.width, self.calls, self.graph = width, 0, None
+    def __init__(self):
+        self.calls, self.graph = 0, None
 
     def __call__(self, model: torch.nn.Module, input_ids: torch.Tensor, static: StaticKV, positions: torch.Tensor):
         if self.graph is None:
