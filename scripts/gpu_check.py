@@ -14,8 +14,9 @@ What random weights cannot give is a meaningful acceptance rate, so α comes fro
 proposes the target's own greedy tokens, each replaced by a uniformly random one with probability
 ``noise`` (α = 1 − noise + noise/V). The accept/resample rule keeps the output exactly the target's
 whatever the drafter does; in bf16 a (γ+1)-token verify forward rounds differently from a 1-token step
-and can flip a near-tied argmax, so the target is sharpened (``--head-scale``, see ``sharpen``) and
-every output is still checked against the target-only one, token for token (``first_divergence``).
+and can flip a near-tied argmax, so the target is sharpened (``--head-scale``, see ``sharpen``), the dial
+replays the greedy output its own runs keep (``settled_reference``), and every output is still
+checked against the target-only one, token for token (``first_divergence``).
 
 Sections, each timed, all printed and saved to ``--json``:
   1. the device's read bandwidth: a large read-only reduction (``torch.sum``);
@@ -60,7 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 from specdec_edu import autoregressive_generate, expected_speedup, kv, speculative_generate  # noqa: E402
 from specdec_edu.commands.bench import configure_hf_assistant  # noqa: E402
 from specdec_edu.course.diagnostics import first_divergence  # noqa: E402
-from specdec_edu.course.experiments import ReplayDrafter, interleaved_benchmark, timed  # noqa: E402
+from specdec_edu.course.experiments import ReplayDrafter, interleaved_benchmark, settled_reference, timed  # noqa: E402
 from specdec_edu.course.measure import forward_seconds, latency_curve, measured_verify_cost, parameter_bytes  # noqa: E402
 from specdec_edu.drafters import ModelDrafter  # noqa: E402
 from specdec_edu.generate import compiled_or_eager  # noqa: E402
@@ -246,22 +247,32 @@ def decoding_rows(check: Check, mode: str, drafters: dict, points: list, read_by
     near-tie otherwise than the eager one: on the H200 (assets/results/gpu_h200_2026-12-04_lease2) the compiled
     7b target left the eager reference at new token 7, the dial then proposed nothing, and every row measured
     target-only decoding (τ 1.12 at dial α 0.8). The base row says where the two paths part (``divergence_from_eager``).
+    A (γ+1)-token verify forward can break such a tie otherwise than that output's one-token steps, too, so each dial
+    replays it *settled* at its point (``settled_reference``: the output a run at that noise, γ and seed keeps to the
+    end); the base row says how many runs that took and where the settled output parts from the target-only one
+    (``dial_reference``). The rows' ``divergence`` still compares their output with the target-only one.
     """
     kw, target, prompt, n_new = check.target_kwargs(mode), check.target, check.prompt, check.n_new
     reference_new = check.reference_new
     if kw.get("compile"):
         reference_new = autoregressive_generate(target, prompt, max_new_tokens=n_new, **kw).row(0)
-    reference = torch.cat([prompt[0], reference_new])
+    # (noise, γ) -> (the dial's reference [n], replays): what a run at that point, seeded 0 as check.speculative
+    # seeds it, keeps to the end (settled_reference)
+    settled = {point: settled_reference(target, torch.cat([prompt[0], reference_new]), prompt.shape[1], point[1],
+                                        noise=point[0], seed=0, **kw) for point in points}
     fns, dials = {"target": lambda: autoregressive_generate(target, prompt, max_new_tokens=n_new, **kw)}, {}
     for label, drafter in drafters.items():
         for point in points:
             # eager mode hands in bare models: keep them eager (a bare model's default is compiled on CUDA)
-            dial = dials[label, point] = ReplayDrafter(reference, point[0], check.vocab, cost_model=drafter,
+            dial = dials[label, point] = ReplayDrafter(settled[point][0], point[0], check.vocab, cost_model=drafter,
                                                        compile=mode != "eager")
             fns[label, point] = lambda dial=dial, g=point[1]: check.speculative(dial, g, mode)
     runs = check.benchmark(fns)
     base = target_only_row(check, mode, runs["target"], read_bytes_per_s)
     base["divergence_from_eager"] = first_divergence(target, prompt, check.reference_new, reference_new)
+    base["dial_reference"] = [{"noise": noise, "gamma": g, "replays": replays, "divergence_from_target_only":
+                               first_divergence(target, prompt, reference_new, reference[prompt.shape[1]:])}
+                              for (noise, g), (reference, replays) in settled.items()]
     rows = [speculative_row(check, mode, label, point, dial, runs[label, point], base, reference_new)
             for (label, point), dial in dials.items()]
     return base, rows
@@ -272,8 +283,13 @@ def print_decoding(base: dict, rows: list) -> None:
           f"{base['effective_GB_s']:.0f} GB/s = {100 * base['fraction_of_read_bandwidth']:.0f} % of the read bandwidth "
           "(weight bytes × decode steps/s ÷ section 1's torch.sum bytes/s)")
     if base.get("divergence_from_eager"):
-        print("   this path's target-only output (what the dial replays) vs the eager one: "
+        print("   this path's target-only output vs the eager one: "
               f"{describe(base['divergence_from_eager'])}")
+    for settled in base["dial_reference"]:
+        if settled["replays"] > 1:  # in float32 the first run keeps the target-only output
+            print(f"   the dial's reference at noise {settled['noise']:.2f}, γ = {settled['gamma']} (settled in "
+                  f"{settled['replays']} runs) vs this path's target-only output: "
+                  f"{describe(settled['divergence_from_target_only'])}")
     print("   draft   noise  γ  α(dial) α(run)  speedup    c     verify  predicted  reached  same as target")
     fmt = lambda x, spec: "n/a" if x is None else format(x, spec)  # noqa: E731
     for r in rows:

@@ -46,6 +46,27 @@ def tiny_llama(seed: int, vocab_size: int = 64, hidden: int = 64, layers: int = 
     return LlamaForCausalLM(config).eval().requires_grad_(False)
 
 
+def flip_wide_forwards(model, positions):
+    """Make ``model``'s forwards of more than one token pick the runner-up in the rows at ``positions`` (absolute
+    positions; the row at position i predicts token i + 1): what bf16 does when a verify pass rounds a near-tie
+    otherwise than the one-token steps did, made certain. One-token forwards are untouched. Returns the hook's handle
+    (``.remove()`` undoes it)."""
+    def swap_top_two(module, args, kwargs, out):
+        width = kwargs["input_ids"].shape[1]
+        caches = [v for v in kwargs.values() if hasattr(v, "get_seq_length")]  # DynamicCache (under any keyword)
+        if width == 1 or not caches:
+            return
+        first = int(caches[0].get_seq_length()) - width  # the position of the forward's first row
+        kept = out.logits.shape[1]  # logits_to_keep may keep only the last rows
+        for position in positions:
+            row = position - first - (width - kept)
+            if 0 <= row < kept:
+                top2 = out.logits[0, row].topk(2).indices
+                out.logits[0, row, top2] = out.logits[0, row, top2.flip(0)]
+
+    return model.register_forward_hook(swap_top_two, with_kwargs=True)
+
+
 def perturbed_copy(model, noise: float, seed: int):
     """The same architecture and weights plus Gaussian noise: a draft that mostly agrees."""
     copy = tiny_llama(seed=0, **_shape(model))

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import flip_wide_forwards
 from scipy.stats import chisquare
 
 from specdec_edu import autoregressive_generate, speculative_generate
@@ -18,6 +19,7 @@ from specdec_edu.course.experiments import (
     ReplayDrafter,
     early_exit_model,
     interleaved_benchmark,
+    settled_reference,
     timed,
 )
 from specdec_edu.drafters import ModelDrafter
@@ -132,6 +134,43 @@ def test_replay_drafter_off_reference_proposes_nothing_and_says_so_once(target):
         assert len(d.propose(torch.cat([off, ref[6:7]]), 4)[0]) == 0 and len(d.propose(ref[:6], 4)[0]) == 0
     d.reset()
     assert d.left_at is None and len(d.propose(ref[:6], 2)[0]) == 2
+
+
+def test_a_settled_reference_keeps_the_dial_drafting_where_the_verify_pass_breaks_a_near_tie(target):
+    """In bf16 the H200's verify pass picked the other token of a near-tie at new token 7; the dial, replaying the
+    one-token reference, proposed nothing from there (τ 1.12 at dial α 0.8). Here the target's forwards of more than one
+    token pick the runner-up at new tokens 6 and 13 (``flip_wide_forwards``); 20 new tokens, γ 4, draws seeded 0.
+    - Control: the one-token reference, replayed at noise 0.2, is left at new token 6 (a warning), and τ falls below 2.
+    - ``settled_reference`` at the run's noise and seed returns the output such a run keeps, which leaves the one-token
+      reference at new token 6; the run, seeded alike, never leaves it, and its output is it. At noise 0 (every draft
+      right) that takes three runs: one per flipped token, and one that keeps its reference.
+    - In float32 without flips the first run keeps the reference: it comes back unchanged.
+    - ``max_replays=1`` is too few here: it says so and returns the last output."""
+    n, vocab = PROMPT.shape[1], target.config.vocab_size
+    plain = greedy_reference(target, n=20)
+    settled, replays = settled_reference(target, plain, n, 4, noise=0.2)
+    assert torch.equal(settled, plain) and replays == 1
+    run = lambda reference, noise: speculative_generate(  # noqa: E731
+        target, ReplayDrafter(reference, noise, vocab), PROMPT, max_new_tokens=20, gamma=4,
+        generator=torch.Generator().manual_seed(0))
+    handle = flip_wide_forwards(target, [n + 6 - 1, n + 13 - 1])  # the rows that predict new tokens 6 and 13
+    try:
+        reference = greedy_reference(target, n=20)  # one-token steps: untouched by the flips
+        assert torch.equal(reference, plain)
+        with pytest.warns(UserWarning, match=f"left the reference at token {n + 6}"):
+            assert run(reference, 0.2).stats.tau < 2
+        for noise in (0.2, 0.0):
+            settled, replays = settled_reference(target, reference, n, 4, noise=noise)
+            assert int((settled != reference).nonzero()[0]) == n + 6  # then another context: later tokens may differ
+            with warnings.catch_warnings():
+                warnings.filterwarnings("error", message="ReplayDrafter")
+                out = run(settled, noise)
+            assert torch.equal(out.sequences[0], settled) and out.stats.tau > 2
+        assert replays == 3 and out.stats.tau == 5.0  # noise 0: four rounds of γ + 1 = 5 tokens
+        with pytest.warns(UserWarning, match="all 1 runs left their reference"):
+            assert settled_reference(target, reference, n, 4, max_replays=1)[1] == 1
+    finally:
+        handle.remove()
 
 
 def test_dynamic_gamma_grows_on_full_acceptance_and_stays_exact(target, draft):

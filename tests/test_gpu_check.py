@@ -247,3 +247,34 @@ def test_the_dial_replays_the_measured_paths_own_target_output(gpu_check, tmp_pa
                                      "--json", str(tmp_path / "g.json")])
     assert out["target_only"][0]["divergence_from_eager"]["position"] == 3
     assert all(r["identical_to_target"] and r["tau"] > 1.5 for r in out["speculative"]), out["speculative"]
+
+
+def test_the_dial_replays_the_output_the_verify_pass_keeps(gpu_check, tmp_path, monkeypatch):
+    """The target's verify forwards (more than one token) pick the runner-up at new token 5, as a bf16 verify pass can
+    at a near-tie that one-token steps broke the other way (``flip_wide_forwards``). The dial replays the reference its
+    run keeps (``settled_reference``, two runs or more), so the α 0.8 row keeps drafting (τ > 1.5) and no "left the
+    reference" warning is given; its output parts from the target-only one at new token 5, and the row and the base
+    row say so. The control: with the reference unsettled (the code before), the same run warns that the dial left
+    it at that token."""
+    from conftest import flip_wide_forwards
+
+    class FlippedVerify(gpu_check.Check):
+        def __init__(self, args, target, device):
+            flip_wide_forwards(target, [args.prompt_length + 5 - 1])  # the row that predicts new token 5
+            super().__init__(args, target, device)
+
+    monkeypatch.setattr(gpu_check, "Check", FlippedVerify)
+    import warnings
+
+    args = TINY + ["--quick", "--json", str(tmp_path / "g.json")]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*left the reference")
+        out = gpu_check.main(args)
+    settled, = out["target_only"][0]["dial_reference"]
+    assert settled["replays"] >= 2 and settled["divergence_from_target_only"]["position"] == 5
+    row = out["speculative"][0]
+    assert row["tau"] > 1.5 and row["divergence"]["position"] == 5, row
+
+    monkeypatch.setattr(gpu_check, "settled_reference", lambda target, reference, *args, **kwargs: (reference, 1))
+    with pytest.warns(UserWarning, match="left the reference at token 21"):  # 16 prompt tokens + new token 5
+        gpu_check.main(args)

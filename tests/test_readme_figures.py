@@ -77,10 +77,12 @@ def log(name: str, pattern: str, group: int = 1, folder: Path = H200) -> Callabl
     return lambda: float(re.search(pattern, (folder / name).read_text(), re.MULTILINE).group(group).replace(",", ""))
 
 
+DIAL_BF16 = "notebook07_dial_bf16_cpu_2026-12-04.txt"  # notebook 07's dial in bf16 on the CPU, before and after settling
 COURSE_H200 = RESULTS / "gpu_h200_2026-12-04"  # the notebooks, fp16, the compiler failure and the cold start on CUDA
 
 
 log2 = functools.partial(log, folder=COURSE_H200)  # a number in a file of the course's H200 run
+log_results = functools.partial(log, folder=RESULTS)  # a number in a text file of assets/results/
 
 
 def passed_rows(table: str) -> list[str]:
@@ -259,8 +261,9 @@ FIGURES: list[tuple[str, list]] = [
         nb("08", f"pl_speedup_{key}")])
       for task, key in [("rewrite a pasted paragraph", "rewrite"), ("extract from a pasted text", "extract"),
                         ("open-ended question", "open")]],
-    (rf"best fixed γ = {NUM} / dynamic γ \| — \| 0\.8 \| — \| \*\*{NUM}×\*\* / {NUM} of it \| notebook 07",
+    (rf"best fixed γ = {NUM} / dynamic γ \| — \| 0\.8 \| — \| \*\*{NUM}×\*\* / {NUM} of it \| notebook 07\*",
      [nb("07", "g_best_dial"), nb("07", "dial_best"), nb("07", "dyn_ratio_dial")]),
+    (rf"on a slower 2-core CPU \(a target step of {NUM} ms inside its loop\)", [nb("07", "t_step_ms")]),
     (rf"prompt lookup, best fixed γ = {NUM} / dynamic γ \| copy from the input \| — \| — \| \*\*{NUM}×\*\* / {NUM} of it",
      [nb("07", "g_best_lookup"), nb("07", "lookup_best"), nb("07", "dyn_ratio_look")]),
     (rf"open chat \| — \| — \| {NUM}× \(ours in the same run: {NUM}×\) \| notebook 10",
@@ -269,9 +272,16 @@ FIGURES: list[tuple[str, list]] = [
      [nb("11", "alpha_eagle"), nb("11", "measured_eagle")]),
     (rf"open question / rewrite \| {NUM} / {NUM} \| — \| {NUM}× / \*\*{NUM}×\*\* \| notebook 00",
      [nb("00", "alpha_model"), nb("00", "alpha_lookup"), nb("00", "speedup_model"), nb("00", "speedup_lookup")]),
-    (rf"A verify pass over 5 tokens costs {NUM}–{NUM} one-token steps on the notebooks' CPU \(notebooks 01, 06, 07, 08; {NUM} in",
+    (rf"A verify pass over 5 tokens costs {NUM}–{NUM} one-token steps on the notebooks' CPUs "
+     rf"\(notebooks 01, 06, 07, 08; {NUM} in",
      [*CPU_VERIFY_COSTS, js(BENCH, "verify_cost")]),
     (rf"too weak \(α {NUM}–{NUM}, above\)", [*DRAFT_ALPHAS]),
+    (rf"left its answer at new token {NUM} in two of its seven fixed-γ runs before \(τ {NUM} at\s+γ = 1, {NUM} at γ = 12\) "
+     rf"and in none after \(τ {NUM} and {NUM};",
+     [log_results(DIAL_BF16, r"first divergence at new token (\d+)"), log_results(DIAL_BF16, r"^γ = 1 +α [\d.]+ +τ ([\d.]+)"),
+      log_results(DIAL_BF16, r"^γ = 12 +α [\d.]+ +τ ([\d.]+)"),
+      log_results(DIAL_BF16, r"## after[^#]*?^γ = 1 +α [\d.]+ +τ ([\d.]+)"),
+      log_results(DIAL_BF16, r"## after[^#]*?^γ = 12 +α [\d.]+ +τ ([\d.]+)")]),
     # On a GPU: the H200 run
     (rf"p = {NUM} \(T = 1\) and {NUM} \(T = 0\.7, top-k 5\), n = {NUM} each; greedy batch-2 output identical to "
      rf"target-only in {NUM} of {NUM} rows",

@@ -21,6 +21,7 @@ from collections.abc import Callable
 import torch
 
 from ..drafters import ModelDrafter, common_prefix_length, reset_drafter
+from ..generate import speculative_generate
 from ..result import sync
 from ..sampling import logits_to_probs, sample
 
@@ -29,6 +30,7 @@ __all__ = [
     "quick_run",
     "MixtureDrafter",
     "ReplayDrafter",
+    "settled_reference",
     "DynamicGammaDrafter",
     "early_exit_model",
     "interleaved_benchmark",
@@ -137,7 +139,8 @@ class ReplayDrafter:
     verify pass can flip a near-tie that the reference's one-token steps did not), the drafter proposes nothing
     from then on and the target decodes alone: still exact, but τ and the speedup then understate the dial's α.
     It says so once per generation (a warning naming the token), and ``left_at`` keeps that token's index among
-    the context (``None`` while the context follows the reference).
+    the context (``None`` while the context follows the reference). :func:`settled_reference` gives a reference
+    that a given run keeps to the end.
     """
 
     def __init__(self, reference: torch.Tensor, noise: float, vocab_size: int, seconds_per_token: float = 0.0,
@@ -191,7 +194,47 @@ class ReplayDrafter:
             warnings.warn(f"ReplayDrafter: the context left the reference at token {self.left_at} (in 16 bit, a "
                           "near-tie that the verify pass flipped; or a prompt that is not the reference's): the target "
                           "decodes the rest of this generation alone, so its τ and speedup understate the dial's α. "
-                          "Shorten the answer or run in float32.", stacklevel=3)
+                          "Settle the reference first (settled_reference), shorten the answer or run in float32.",
+                          stacklevel=3)
+
+
+def settled_reference(target, reference: torch.Tensor, prompt_length: int, gamma: int, *, noise: float = 0.0,
+                      seed: int = 0, wrap: Callable | None = None, max_replays: int = 8,
+                      **generate_kwargs) -> tuple[torch.Tensor, int]:
+    """The reference a dial run keeps to the end: ``(reference [n], replays)``.
+
+    ``reference`` ``[n]`` is the target's greedy output (prompt included, its first ``prompt_length`` ids), made with
+    one-token steps. Speculative decoding judges each token in a (γ+1)-token verify forward instead, and in bf16 or
+    fp16 that forward can round a near-tie otherwise: the context then leaves the reference, and a
+    :class:`ReplayDrafter` proposes nothing for the rest of the generation (the run measures target-only decoding, as
+    on the H200 in ``assets/results/gpu_h200_2026-12-04_lease2``). Which way such a tie goes also depends on where the
+    token sits in its forward and how its context's K/V were computed, so it is settled by the run itself:
+
+    run the dial (``noise``, γ, its draws from a generator seeded ``seed``); where it leaves its reference, make the
+    run's output the reference and run again. The second run is the first one up to that token (same draws, same
+    forwards), and now keeps it; a later token may part, and the next replay moves past it too, until a run keeps its
+    reference to the end. In float32 the first run does (``replays == 1``). The measured runs must then draw from a
+    generator seeded ``seed`` on the target's device, at the same ``noise`` and γ, on the same path
+    (``generate_kwargs``, for ``speculative_generate``: ``compile``, ``compile_options``, ``eos_token_id``), with the
+    same drafter around the dial, if any (``wrap``: e.g. ``lambda dial: DynamicGammaDrafter(dial, start=4)``). After
+    ``max_replays`` runs that all left it, it warns and returns the last output.
+    """
+    device = next(target.parameters()).device
+    reference = reference.flatten().to(device)
+    prompt = reference[:prompt_length][None]
+    for replays in range(1, max_replays + 1):
+        dial = ReplayDrafter(reference, noise, target.config.vocab_size)
+        with warnings.catch_warnings():  # leaving the reference is what a replay is for: said below, if it lasts
+            warnings.filterwarnings("ignore", message="ReplayDrafter: the context left the reference")
+            out = speculative_generate(target, wrap(dial) if wrap else dial, prompt,
+                                       max_new_tokens=len(reference) - prompt_length,
+                                       gamma=gamma, generator=torch.Generator(device).manual_seed(seed), **generate_kwargs)
+        if dial.left_at is None:
+            return reference, replays
+        reference = out.sequences[0]
+    warnings.warn(f"settled_reference: all {max_replays} runs left their reference; the dial replays the last output "
+                  "and may still leave it (its warning says where).", stacklevel=2)
+    return reference, max_replays
 
 
 class DynamicGammaDrafter:
