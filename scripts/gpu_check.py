@@ -160,6 +160,8 @@ def section(title: str, seconds: dict):
 class Check:
     """What every measurement shares: the target, its prompt and greedy reference, and the run's settings."""
 
+    DIAL_SEED = 0  # the seed of every speculative run's generator: the dials' references are settled with it
+
     def __init__(self, args, target, device):
         self.args, self.target, self.device = args, target, device
         self.vocab = target.config.vocab_size
@@ -177,9 +179,9 @@ class Check:
         return {"compile": True, "compile_options": self.args.compile_options}
 
     def speculative(self, dial, gamma: int, mode: str, max_new_tokens: int | None = None, profile: bool = False):
-        """``speculative_generate`` with ``dial`` in ``mode``; the dial's draws from a fresh generator seeded 0."""
+        """``speculative_generate`` with ``dial`` in ``mode``; the dial's draws from a fresh generator seeded DIAL_SEED."""
         return speculative_generate(self.target, dial, self.prompt, max_new_tokens=max_new_tokens or self.n_new, gamma=gamma,
-                                    generator=torch.Generator(self.device).manual_seed(0), profile=profile,
+                                    generator=torch.Generator(self.device).manual_seed(self.DIAL_SEED), profile=profile,
                                     **self.target_kwargs(mode))
 
     def hf_generate(self, n_new: int, **kwargs) -> torch.Tensor:
@@ -256,10 +258,11 @@ def decoding_rows(check: Check, mode: str, drafters: dict, points: list, read_by
     reference_new = check.reference_new
     if kw.get("compile"):
         reference_new = autoregressive_generate(target, prompt, max_new_tokens=n_new, **kw).row(0)
-    # (noise, γ) -> (the dial's reference [n], replays): what a run at that point, seeded 0 as check.speculative
+    # (noise, γ) -> (the dial's reference [n], replays): what a run at that point, seeded as check.speculative
     # seeds it, keeps to the end (settled_reference)
-    settled = {point: settled_reference(target, torch.cat([prompt[0], reference_new]), prompt.shape[1], point[1],
-                                        noise=point[0], seed=0, **kw) for point in points}
+    target_only = torch.cat([prompt[0], reference_new])
+    settled = {point: settled_reference(target, target_only, prompt.shape[1], point[1], noise=point[0],
+                                        seed=check.DIAL_SEED, **kw) for point in points}
     fns, dials = {"target": lambda: autoregressive_generate(target, prompt, max_new_tokens=n_new, **kw)}, {}
     for label, drafter in drafters.items():
         for point in points:

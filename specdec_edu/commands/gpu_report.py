@@ -41,6 +41,8 @@ CHAT_PROMPTS = (
     "What is the difference between a list and a tuple in Python?",
 )
 DIAL_ALPHA = 0.8
+#: The seed of every speculative run's generator here: the dial's reference is settled with the same draws.
+DIAL_SEED = 0
 
 
 @dataclass
@@ -131,9 +133,9 @@ def _median_speedup(target, drafter, prompt, settings: ReportSettings, eos) -> t
     kw = dict(max_new_tokens=settings.max_new_tokens, eos_token_id=eos)
     runs = interleaved_benchmark({
         "target": lambda: autoregressive_generate(target, prompt, **kw),
-        # a fresh generator seeded 0 for each run: the dial's draws, as its settled reference was made with
+        # a fresh generator for each run, seeded as the dial's reference was settled
         "spec": lambda: speculative_generate(target, drafter, prompt, gamma=settings.gamma, **kw,
-                                             generator=torch.Generator(prompt.device).manual_seed(0)),
+                                             generator=torch.Generator(prompt.device).manual_seed(DIAL_SEED)),
     }, repeats=settings.repeats, progress=False)
     base, spec = runs["target"][-1], runs["spec"][-1]
     check = check_same_output(target, prompt, base.row(0), spec.row(0), gamma=settings.gamma)
@@ -186,7 +188,8 @@ def run_report(target, draft, tokenizer, settings: ReportSettings | None = None,
     reference = autoregressive_generate(target, prompts[0], max_new_tokens=settings.max_new_tokens).sequences[0]
     noise = (1 - DIAL_ALPHA) / (1 - 1 / vocab)  # α = 1 − noise + noise / V
     # in 16 bit a verify pass can break a near-tie otherwise than one-token steps: replay what the dial's run keeps
-    reference, replays = settled_reference(target, reference, prompts[0].shape[1], settings.gamma, noise=noise, seed=0)
+    reference, replays = settled_reference(target, reference, prompts[0].shape[1], settings.gamma, noise=noise,
+                                           seed=DIAL_SEED)
     if replays > 1:
         say(f"  note: the dial replays the greedy output its run keeps, found in {replays} runs (in "
             f"{str(dtype).replace('torch.', '')} a verify pass broke a near-tie otherwise than one-token steps)")
