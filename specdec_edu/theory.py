@@ -66,13 +66,18 @@ def expected_speedup(alpha, gamma, c, verify_cost=1.0):
 
 
 def optimal_gamma(alpha: float, c: float, max_gamma: int = 16, verify_cost=1.0) -> int:
-    """The γ in 1..max_gamma with the largest expected speedup.
+    """The γ in 0..max_gamma with the largest expected speedup; 0 means: do not speculate.
 
+    γ = 0 is target-only decoding, a speedup of exactly 1. It wins where no γ ≥ 1 beats the target
+    alone: a draft that costs about as much as a target step (c ≈ 1, as a compiled 30-layer draft
+    does beside a compiled 1.7B target on an H200), or a drafter that is rarely right. So an answer
+    γ ≥ 1 is never a recommendation to slow down. Ties go to the smaller γ.
     ``verify_cost`` may be a float or a function of γ returning t_verify(γ+1)/t_target(1).
     """
     cost = verify_cost if callable(verify_cost) else (lambda g: verify_cost)
-    gammas = range(1, max_gamma + 1)
-    return max(gammas, key=lambda g: expected_speedup(alpha, g, c, cost(g)))
+    _check(alpha, max_gamma, c, cost(1))
+    speedup = {0: 1.0} | {g: expected_speedup(alpha, g, c, cost(g)) for g in range(1, max_gamma + 1)}
+    return max(speedup, key=speedup.get)  # the first of equal maxima: γ = 0 when nothing beats the target alone
 
 
 def alpha_from_tau(tau: float, gamma: int, tol: float = 1e-10) -> float:

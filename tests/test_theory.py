@@ -43,11 +43,21 @@ def brute_force_speedup(alpha, gamma, c):
     return sum(alpha**i for i in range(gamma + 1)) / (gamma * c + 1)
 
 
-@pytest.mark.parametrize("alpha, c", [(0.9, 0.02), (0.5, 0.02), (0.8, 0.1), (0.6, 0.3)])
+@pytest.mark.parametrize("alpha, c", [(0.9, 0.02), (0.5, 0.02), (0.8, 0.1), (0.6, 0.3), (0.8, 1.05), (0.0, 0.05)])
 def test_optimal_gamma_is_the_best_gamma(alpha, c):
-    best = max(range(1, 17), key=lambda g: brute_force_speedup(alpha, g, c))
+    best = max(range(0, 17), key=lambda g: brute_force_speedup(alpha, g, c))  # γ = 0: the target alone, 1x
     assert optimal_gamma(alpha, c) == best
-    assert expected_speedup(alpha, best, c) == pytest.approx(brute_force_speedup(alpha, best, c))
+    assert expected_speedup(alpha, max(best, 1), c) == pytest.approx(brute_force_speedup(alpha, max(best, 1), c))
+
+
+def test_optimal_gamma_is_0_where_no_gamma_beats_the_target_alone():
+    # a draft as costly as a target step (the compiled course pair on an H200 measured c = 1.05): every γ loses
+    assert max(expected_speedup(0.8, g, 1.05) for g in range(1, 17)) < 1
+    assert optimal_gamma(0.8, 1.05) == 0
+    assert optimal_gamma(0.0, 0.01) == 0  # a drafter that is never right
+    assert optimal_gamma(0.6, 0.05, verify_cost=lambda g: 1 + g) == 0  # a verify pass that costs a step per token
+    # the control: where one γ pays by a hair, it is chosen
+    assert expected_speedup(0.5, 1, 0.45) > 1 and optimal_gamma(0.5, 0.45) == 1
 
 
 def test_optimal_gamma_and_inverse():
