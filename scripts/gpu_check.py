@@ -451,7 +451,8 @@ def main(argv=None) -> dict:
     save(out, args.json)
 
     with section(f"3. eager c = draft step / target step, and verify cost t({g + 1})/t(1)", seconds):
-        out["c_eager"] = {label: forward_seconds(m, 1, args.prompt_length, repeats=7) / t1 for label, m in drafts.items()}
+        out["c_eager"] = {label: forward_seconds(m, 1, args.prompt_length, repeats=7, role="draft") / t1
+                         for label, m in drafts.items()}  # role: the step its drafter takes (a reduced head)
         out["verify_cost_eager"] = measured_verify_cost(target, g + 1, sweeps=7, context_length=args.prompt_length)
         print("   " + " · ".join(f"c({label}) = {c:.3f}" for label, c in out["c_eager"].items())
               + f" · verify cost {out['verify_cost_eager']:.2f}")

@@ -132,3 +132,24 @@ def test_a_cell_that_splits_draft_and_verify_time_has_a_profiled_run_on_a_gpu(pa
         profiled = "profile=True" in "".join("".join(c["source"]) for c in nb["cells"][: index + 1])
         assert ('device.type != "cpu"' in source or "ASYNC" in source) and profiled, \
             f"{path.name} cell {index} reads draft seconds without a profiled run for a GPU"
+
+
+def test_notebook_00s_gpu_cell_skips_the_hub_pair_where_the_hub_cannot_be_reached(monkeypatch, capsys):
+    """On a GPU off Colab (``PAIR`` embedded), notebook 00's "On a GPU" cell loads the hub pair. Offline (a GPU server
+    without internet, in JupyterLab, where the cell's ``gpu``/``hub`` tags skip nothing) that raised
+    HubUnavailableError and stopped a "Run all". The cell's code runs here with a fake GPU and an unreachable hub;
+    control: on a CPU it skips without asking the hub."""
+    from specdec_edu.models.embedded import HubUnavailableError
+
+    nb = json.loads(next(p for p in NOTEBOOKS if p.name.startswith("00_")).read_text())
+    cell = next("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"
+                and 'load_pair("smollm2")' in "".join(c["source"]))
+
+    def offline(name):
+        raise HubUnavailableError(f"cannot download {name}: no internet\n(more lines)")
+
+    for gpu in (True, False):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda gpu=gpu: gpu)
+        exec(cell, {"torch": torch, "PAIR": "embedded", "load_pair": offline})
+        assert capsys.readouterr().out == ("skipped: the hub pair cannot be loaded here (cannot download smollm2: no "
+                                           "internet)\n" if gpu else "skipped: no GPU\n")

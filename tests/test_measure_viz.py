@@ -41,6 +41,40 @@ def test_forward_seconds_times_every_repeat_at_the_same_context_length(target, f
     assert calls == [(8, 0)] + [(3, 8)] * 4  # the prefill, then warm-up + 3 repeats, each on 8 cached positions
 
 
+@pytest.fixture
+def reduced_head_draft():
+    """A draft whose config names a reduced head, as the embedded draft's does (``draft_vocab_size``)."""
+    from conftest import tiny_llama
+
+    draft = tiny_llama(seed=1)
+    draft.config.draft_vocab_size = 32
+    return draft
+
+
+@pytest.mark.parametrize("compile", [False, True])
+def test_a_draft_is_timed_on_the_step_its_generation_takes(target, reduced_head_draft, monkeypatch, compile):
+    """``forward_seconds(draft, 1, role="draft")``, the numerator of c in notebooks 00, 01, 06, 08 and gpu-report,
+    times the module a generation's drafter forwards: the bare decoder of a reduced-head draft, with no logits (its
+    head's first rows are applied by the drafter). It timed the whole LM before (a second compiled cache, and 2.4× the
+    head weights for the embedded draft: c came out about twice the run's on the CPU)."""
+    draft, options = reduced_head_draft, {"backend": "eager"} if compile else None
+    seen = []
+    real_forward = measure.kv.forward_cached
+
+    def spy(model, input_ids, cache, **kw):
+        seen.append(model)
+        return real_forward(model, input_ids, cache, **kw)
+
+    monkeypatch.setattr(measure.kv, "forward_cached", spy)
+    speculative_generate(target, draft, torch.tensor([[1, 2, 3]]), max_new_tokens=6, gamma=2, compile=compile,
+                         compile_options=options)
+    in_generation = {id(m) for m in seen if m is not target}
+    seen.clear()
+    assert forward_seconds(draft, 1, context_length=8, repeats=2, role="draft", compile=compile,
+                           compile_options=options) > 0
+    assert {id(m) for m in seen} == in_generation == {id(draft.get_decoder())}
+
+
 def test_latency_curve_passes_its_arguments_through(target, monkeypatch):
     """Fake per-forward times: the curve's keys are the requested ns, in order, each with its own time."""
     seen = []
