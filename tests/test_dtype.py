@@ -249,3 +249,29 @@ def test_compiling_on_a_gpu_says_so_when_it_starts_and_ends(monkeypatch, capsys)
     kv.new_static_cache(tiny_llama(seed=0), 32, compile=True, compile_options={"backend": "aot_eager"})
     err = capsys.readouterr().err
     assert "compiling LlamaForCausalLM (0 M parameters) for input widths 1, 8, 16" in err and "compiled in" in err
+
+
+@pytest.mark.parametrize("best, expected", [("cuda", "cuda"), ("mps", "cpu"), ("cpu", "cpu")])
+def test_float64_device_is_the_best_device_except_apples(monkeypatch, best, expected):
+    """Apple's MPS has no float64 (``.double()`` raises there), so the exactness lessons, which compute p and q in
+    float64, load the embedded pair on the CPU of a Mac; everywhere else on the best device."""
+    from specdec_edu.models import devices
+
+    monkeypatch.setattr(devices, "default_device", lambda: torch.device(best))
+    assert devices.float64_device() == torch.device(expected)
+
+
+def test_notebooks_make_float64_only_where_the_device_has_it():
+    """A notebook line that makes float64 from a model's output (``.double()``) stopped notebooks 03, 04, 05 and 11 on
+    a Mac. Each such line either moves to the host first (``.cpu().double()``), or is in a notebook whose pair is
+    loaded on ``float64_device()``."""
+    import json
+    from pathlib import Path
+
+    unsafe = []
+    for path in sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb")):
+        code = ["".join(c["source"]) for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
+        on_float64_device = any("load_pair(" in c and "device=float64_device()" in c for c in code)
+        unsafe += [(path.name, line.strip()) for c in code for line in c.splitlines()
+                   if ".double()" in line and ".cpu().double()" not in line and not on_float64_device]
+    assert unsafe == []

@@ -510,3 +510,36 @@ def test_an_interrupted_save_leaves_the_saved_drafter_whole(tmp_path, target, mo
     with pytest.raises(KeyboardInterrupt):
         make("eagle", target, seed=2).save(tmp_path)
     assert {f: (tmp_path / f).read_bytes() for f in before} == before
+
+
+class Float64OnlyOnTheHost(torch.overrides.TorchFunctionMode):
+    """Apple's MPS rule, on the CPU: float64 is made only from a tensor that went through ``.cpu()`` first (MPS has
+    no float64: ``.double()`` on an MPS tensor raises). Tensors made before the mode (the model's) are on the device;
+    those ``.cpu()`` returns, or that are made from host tensors only, are on the host. A ``.double()`` or
+    ``.to(torch.float64)`` of a device tensor raises here."""
+
+    def __init__(self):
+        super().__init__()
+        self.on_host = set()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        to_float64 = func is torch.Tensor.double or (func is torch.Tensor.to and torch.float64 in (*args[1:], *kwargs.values()))
+        if to_float64 and args[0].dtype != torch.float64 and id(args[0]) not in self.on_host:  # float64 is host-made
+            raise TypeError("Cannot convert a MPS Tensor to float64 dtype (simulated)")
+        out = func(*args, **kwargs)
+        inputs = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+        if isinstance(out, torch.Tensor) and (func is torch.Tensor.cpu or all(id(a) in self.on_host for a in inputs)):
+            self.on_host.add(id(out))  # from .cpu(), made here (on the host), or computed from host tensors only
+        return out
+
+
+def test_the_fingerprint_reads_float64_sums_on_the_host(target):
+    """``target_fingerprint`` (every feature drafter's construction and load) summed its rows in float64 on the
+    target's device, which raises on Apple's MPS; the sums go to the host anyway. Simulated MPS rule above; its control:
+    a plain ``.double()`` of a model tensor is refused."""
+    expected = feature_drafters.target_fingerprint(target)
+    with Float64OnlyOnTheHost():
+        assert feature_drafters.target_fingerprint(target) == expected
+    with pytest.raises(TypeError, match="MPS"), Float64OnlyOnTheHost():
+        target.lm_head.weight[:2].double()

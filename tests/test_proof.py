@@ -167,3 +167,15 @@ def test_token_chi2_and_its_power_take_distributions_from_a_gpu():
     assert on_gpu == pytest.approx(token_chi2_power(shifted, P_REAL, 600))
     tokens = torch.multinomial(P_REAL, 600, replacement=True, generator=torch.Generator().manual_seed(0))
     assert token_chi2(tokens.cuda(), P_REAL.cuda()).p_value == pytest.approx(token_chi2(tokens, P_REAL).p_value)
+
+
+def test_the_chi2_tests_take_float64_on_the_host():
+    """``token_chi2`` and ``token_chi2_power`` made float64 before moving p to the host, which raises on Apple's MPS
+    (no float64 there). The simulated MPS rule (``Float64OnlyOnTheHost``) refuses that order; its control is in
+    test_feature_drafters."""
+    from test_feature_drafters import Float64OnlyOnTheHost
+
+    p = torch.tensor([0.5, 0.3, 0.2])
+    with Float64OnlyOnTheHost():
+        assert token_chi2([0, 1, 0, 2], p).n == 4
+        assert 0 <= token_chi2_power(torch.tensor([0.2, 0.3, 0.5]), p, n=50) <= 1

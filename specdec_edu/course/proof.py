@@ -200,7 +200,8 @@ def token_chi2(tokens, p: torch.Tensor, level: float = LEVEL) -> ChiSquareResult
     For a real model: ``p`` is the target's warped distribution at one position, ``tokens`` what a decoder
     emitted there in n independent runs. A token with p = 0 cannot come from p: p-value 0 at once.
     """
-    p = check_distribution(p.double().cpu(), "p")  # the test is host arithmetic; p may come from a model on a GPU
+    # the test is host arithmetic; p may come from a model on a GPU (to the host first: MPS has no float64)
+    p = check_distribution(p.cpu().double(), "p")
     tokens = torch.as_tensor(tokens).flatten().cpu()
     if len(tokens) and int(tokens.max()) >= len(p):
         raise ValueError(f"token id {int(tokens.max())} is outside p's {len(p)} ids: test tokens against the "
@@ -223,7 +224,7 @@ def token_chi2_power(dist: torch.Tensor, p: torch.Tensor, n: int, level: float =
     """
     from scipy.stats import chi2, ncx2
 
-    p, dist = p.double().cpu(), dist.double().cpu()  # host arithmetic, as in token_chi2: they may come from a GPU
+    p, dist = p.cpu().double(), dist.cpu().double()  # host arithmetic, as in token_chi2: they may come from a GPU
     outside = float(dist[p == 0].sum())
     ids = _cell_ids(p, n)
     cp, cd = _cells(p, ids), _cells(dist, ids)

@@ -7,7 +7,7 @@ import sys
 
 import torch
 
-__all__ = ["DTYPES", "default_device", "default_dtype", "dtype_reason", "native_bf16", "on_colab"]
+__all__ = ["DTYPES", "default_device", "default_dtype", "dtype_reason", "float64_device", "native_bf16", "on_colab"]
 
 #: The names ``$SPECDEC_EDU_DTYPE`` accepts, and the dtypes they mean.
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -21,6 +21,14 @@ def default_device() -> torch.device:
     if mps is not None and mps.is_available():
         return torch.device("mps")
     return torch.device("cpu")
+
+
+def float64_device() -> torch.device:
+    """The best device that computes in float64: :func:`default_device`, except Apple's MPS, which has no float64
+    (``.double()`` raises there), where it is the CPU. The exactness lessons (notebooks 03–05) compute p and q in
+    float64 from the embedded pair, which the CPU runs in seconds."""
+    device = default_device()
+    return torch.device("cpu") if device.type == "mps" else device
 
 
 def requested_device(name: str | None) -> torch.device:

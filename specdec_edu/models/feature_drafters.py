@@ -76,7 +76,8 @@ def target_fingerprint(target: nn.Module) -> dict:
     device→host copy, done once per drafter (at construction), never per round.
     """
     embedding, head = target.get_input_embeddings().weight, target.get_output_embeddings().weight
-    sums = [w[torch.linspace(0, w.shape[0] - 1, FINGERPRINT_ROWS).long()].double().sum(-1) for w in (embedding, head)]
+    # to the host before float64: Apple's MPS has no float64 (.double() raises there)
+    sums = [w[torch.linspace(0, w.shape[0] - 1, FINGERPRINT_ROWS).long()].cpu().double().sum(-1) for w in (embedding, head)]
     return {
         "model_type": target.config.model_type,
         "hidden_size": head.shape[1],
@@ -473,7 +474,7 @@ def load_drafter(name: str, target: nn.Module, path=None):
     ``"prompt-lookup+eagle"`` (or ``+medusa``, ``+draft``): lookup where the context repeats itself,
     the named drafter elsewhere (:class:`~specdec_edu.drafters.LookupThenDrafter`).
     """
-    if name.startswith("prompt-lookup+"):
+    if isinstance(name, str) and name.startswith("prompt-lookup+"):  # anything else unknown: the error below
         return LookupThenDrafter(load_drafter(name.removeprefix("prompt-lookup+"), target, path))
     if name == "prompt-lookup":
         return PromptLookupDrafter()
