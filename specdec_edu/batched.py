@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from . import kv
-from .drafters import ModelDrafter, draft_loop, no_drafts, reduced_head
+from .drafters import ModelDrafter, check_draft_can_read, draft_loop, no_drafts, reduced_head
 from .models.shapes import head_rows, max_positions, sliding_window
 from .result import GenerationResult, GenerationStats, PhaseClock, RoundRecorder
 from .round import past_draft_limit, refuse_unreadable_prompt, round_gamma, speculative_round
@@ -130,7 +130,8 @@ class Batch:
         # rejected x_γ get a masked slot in its place (the batch is rectangular).
         x_gamma = self.drafts[:, -1] if gamma_round else next_token
         x_gamma_kept = (n == gamma_round) & (gamma_round > 0)
-        self.unread = (torch.stack([x_gamma, next_token], 1),
+        # Finished rows ride along masked; they feed id 0, as their own next token may be one the draft cannot read.
+        self.unread = (torch.stack([x_gamma, next_token], 1) * generating,
                        torch.stack([x_gamma_kept.long(), torch.ones_like(n)], 1) * generating)
         self.newest = next_token
 
@@ -178,6 +179,7 @@ def batched_speculative_generate(target, drafter: ModelDrafter, input_ids, atten
     rows, batch = _recorders(target, attention_mask, config, clock), GenerationStats()  # batch: its rounds and times
     draft_limit = max_positions(drafter.model)
     refuse_unreadable_prompt(max(row.length for row in rows), draft_limit)
+    check_draft_can_read(drafter.model, input_ids[attention_mask.bool()].cpu())  # one read, before the first round
     loop = Batch(target, drafter, input_ids, attention_mask, config, generator)
     loop.prefill()
     batch.prefill_seconds = clock.lap()
@@ -192,6 +194,9 @@ def batched_speculative_generate(target, drafter: ModelDrafter, input_ids, atten
             past_draft_limit(longest, draft_limit)  # γ is 0 from here: said once
             loop.outgrown = True
         drafts, n, next_token, phases = speculative_round(loop, gamma_round, config, accept_fn, generator, clock)
+        # The draft reads each row's next token in the next round: one it has no embedding row for (a target with a
+        # padded head) is refused here, on the host, as one prompt's loop does (on a GPU the lookup would stop the process)
+        check_draft_can_read(drafter.model, torch.tensor([t for row, t in zip(rows, next_token) if not row.stats.stopped_by]))
         batch.rounds += 1
         batch.record_times(phases, profile)
         for row, row_drafts, row_n, row_next in zip(rows, drafts, n, next_token):
@@ -212,7 +217,7 @@ def batched_autoregressive_generate(target, input_ids, attention_mask, config: G
     logits = out.logits[:, -1]  # [B, V]
     batch.prefill_seconds = clock.lap()
     while True:
-        tokens = sample(config.to_probs(logits), generator)[:, None]  # [B, 1]
+        tokens = (sample(config.to_probs(logits), generator) if config.do_sample else logits.argmax(-1))[:, None]  # [B, 1]
         finite = torch.isfinite(logits).all().long().view(1)
         *host_tokens, all_finite = torch.cat([tokens[:, 0], finite]).tolist()  # one read per token
         if not all_finite:

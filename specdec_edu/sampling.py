@@ -11,6 +11,7 @@ reduces to "accept the draft token iff it equals the target's argmax".
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -125,6 +126,8 @@ class GenerationConfig:
     pad_token_id: int = 0
 
     def __post_init__(self):
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, numbers.Integral):
+            raise ValueError(f"max_new_tokens={self.max_new_tokens!r}: give a whole number of new tokens (an int).")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={self.max_new_tokens}: ask for at least 1 new token.")
         if self.pad_token_id is None:  # found only after the whole generation, when the result is padded

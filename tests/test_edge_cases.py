@@ -169,6 +169,22 @@ def test_target_id_the_draft_cannot_read_names_the_problem(padded_target, close_
         speculative_generate(padded_target, close_draft, torch.tensor([[3, 70, 5]]), max_new_tokens=4)
 
 
+def test_a_batch_refuses_ids_the_draft_cannot_read_too(padded_target, close_draft):
+    """The batched loop fed prompts and the target's tokens to the draft unchecked: an IndexError from inside its
+    embedding (a device-side assert on a GPU). In the prompt, and mid-generation (sampling at temperature 2 from the
+    padded target draws its extra ids 64–71). Control: greedy decoding of the same batch, whose argmax stays among the
+    ids the draft reads, runs."""
+    ids, mask = torch.tensor([[3, 70, 5], [4, 5, 6]]), torch.ones(2, 3, dtype=torch.long)
+    with pytest.raises(ValueError, match="cannot read"):
+        speculative_generate(padded_target, close_draft, ids, attention_mask=mask, max_new_tokens=4)
+    ids[0, 1] = 9
+    with pytest.raises(ValueError, match="token id 6[4-9]|token id 7[01], which the draft model cannot read"):
+        speculative_generate(padded_target, close_draft, ids, attention_mask=mask, max_new_tokens=24, do_sample=True,
+                             temperature=2.0, generator=torch.Generator().manual_seed(0))
+    out = speculative_generate(padded_target, close_draft, ids, attention_mask=mask, max_new_tokens=24)  # greedy
+    assert max(out.sequences.flatten().tolist()) < 64  # its argmax stays among the real ids: nothing to refuse
+
+
 def test_draft_with_more_head_rows_names_the_fix(padded_target, target):
     with pytest.raises(ValueError, match=r"head_size=64"):
         speculative_generate(target, padded_target, PROMPTS[3][None], max_new_tokens=4)

@@ -38,6 +38,7 @@ def test_vocabulary_mismatch(target):
         (dict(gamma=0), "whole number of tokens per round, at least 1"),
         (dict(gamma=2.5), "whole number of tokens per round"),  # was a bare TypeError from range() in the first round
         (dict(max_new_tokens=0), "at least 1 new token"),
+        (dict(max_new_tokens=10.0), "whole number of new tokens"),  # was refused mid-run, as a γ = 3.0 no one set
         (dict(do_sample=True, top_p=0.0), "top_p=1.0"),
         (dict(do_sample=True, top_p=1.2), "top_p=1.0"),
         (dict(do_sample=True, temperature=-0.5), "temperature=0"),

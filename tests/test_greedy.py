@@ -76,3 +76,29 @@ def test_explicit_model_drafter_and_reuse(target, close_draft):
         # Greedy output is the target's whatever the drafts are: the drafts themselves show a stale cache.
         fresh = speculative_generate(target, ModelDrafter(close_draft), prompt[None], max_new_tokens=15, gamma=3)
         assert out.stats.accepted_per_round == fresh.stats.accepted_per_round
+
+
+
+def test_greedy_target_only_decoding_leaves_the_random_numbers_alone(target):
+    """Greedy target-only decoding is an argmax: one prompt's loop takes it, and a batch's drew a token from the
+    one-hot p instead (the same token), which moved the caller's generator, or torch's global one with
+    ``generator=None``, so a later sampled call with it drew other tokens. (A drafter's draws use the generator in
+    greedy runs too, on purpose: a drafter may sample from a q that is not one-hot, as the dial does.) Control: a
+    sampled call moves both."""
+    ids, mask = torch.stack([PROMPTS[4], PROMPTS[10]]), torch.ones(2, 8, dtype=torch.long)  # two 8-token prompts
+    calls = {
+        "one prompt": lambda **kw: autoregressive_generate(target, PROMPTS[4][None], max_new_tokens=8, **kw),
+        "a batch": lambda **kw: autoregressive_generate(target, ids, attention_mask=mask, max_new_tokens=8, **kw),
+    }
+    for name, call in calls.items():
+        torch.manual_seed(0)
+        untouched = torch.rand(1).item()
+        torch.manual_seed(0)
+        call()
+        assert torch.rand(1).item() == untouched, name
+        g = torch.Generator().manual_seed(1)
+        state = g.get_state()
+        call(generator=g)
+        assert torch.equal(g.get_state(), state), name
+        call(generator=g, do_sample=True)
+        assert not torch.equal(g.get_state(), state), name  # the control: sampling draws from it
