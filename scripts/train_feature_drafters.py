@@ -73,7 +73,8 @@ def evaluate(target, tokenizer, kinds: list[str], *, gammas=(2, 3, 4), max_new_t
 
     prompts = [chat_prompt(tokenizer, p) for p in held_out_prompts()[:n_prompts]]
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    drafters = {kind: load_drafter(kind, target, path=None if weights is None else Path(weights) / kind.split("+")[-1])
+    trained = lambda kind: weights is not None and kind.split("+")[-1] in ("eagle", "medusa")  # weights in a folder
+    drafters = {kind: load_drafter(kind, target, path=Path(weights) / kind.split("+")[-1] if trained(kind) else None)
                 for kind in kinds}
 
     def run_all(make):

@@ -26,6 +26,8 @@ Four optional hooks, for drafters that keep state or depend on the target:
 Nothing looks for these by hand: the loop calls :func:`reset_drafter`,
 :func:`wants_features` and :func:`check_drafter_target`, and ``LookupThenDrafter``
 :func:`tell_drafted_elsewhere`, the one place where the optional hooks are looked up.
+A drafter that drafts through another one (``LookupThenDrafter``, and in ``course.experiments``
+``DynamicGammaDrafter``, ``MixtureDrafter``) passes them on with :func:`pass_hooks_through`.
 
 A drafter never needs to be told about rejections: it sees the new context on the
 next call and can compare it with the context of its last call. ``speculative_generate``
@@ -40,6 +42,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Callable
+from functools import partial
 from typing import Protocol
 
 import torch
@@ -90,6 +93,16 @@ def tell_drafted_elsewhere(drafter) -> None:
     told = getattr(drafter, "drafted_elsewhere", None)
     if told is not None:
         told()
+
+
+def pass_hooks_through(wrapper, inner) -> None:
+    """Give ``wrapper``, a drafter that drafts through ``inner``, the inner one's ``check_target`` and, only if
+    ``inner`` has it, its ``observe`` (having it is what asks the loop for features: :func:`wants_features`).
+    ``reset`` and ``drafted_elsewhere`` the wrapper defines itself (it may have state of its own to forget), ending
+    with :func:`reset_drafter` and :func:`tell_drafted_elsewhere` of ``inner``."""
+    wrapper.check_target = partial(check_drafter_target, inner)
+    if wants_features(inner):
+        wrapper.observe = inner.observe
 
 
 def check_propose_args(context: torch.Tensor, gamma: int) -> None:
@@ -320,6 +333,9 @@ class ModelDrafter:
         self.started = True
         gamma = gamma_within(gamma, len(context), draft_limit=limit)
         if gamma < 1:
+            # no drafts fed this time: a later call must not take the tokens the context grew by for cached
+            # drafts (the K/V of last_context itself stay valid)
+            self.n_draft_cached = 0
             return no_drafts(self.head_size or self.vocab_size, self.model.device)
         # 1. Roll the cache back to what still matches the context (rejected drafts go).
         keep = self.reusable_prefix(context)
@@ -393,7 +409,7 @@ class PromptLookupDrafter:
     def propose(self, context, gamma, to_probs=None, generator=None):
         """Tokens ``[γ']`` (γ' <= γ, maybe 0) and their one-hot q ``[γ', V']``."""
         check_propose_args(context, gamma)
-        tokens = self.lookup(context, gamma)
+        tokens = self.lookup(context, gamma).long()  # F.one_hot takes int64 only (a context may be int32, uint8)
         width = int(tokens.max()) + 1 if len(tokens) else 1  # speculative_generate pads q to the full vocabulary
         return tokens, F.one_hot(tokens, width).float()
 
@@ -405,7 +421,7 @@ class LookupThenDrafter:
     repeated word is a poor reason to copy). If it finds nothing, ``fallback`` drafts.
     Either way q is what the tokens were drawn from, so the output stays exact.
 
-    The fallback's optional hooks (module docstring) pass through: ``reset``,
+    The fallback's optional hooks (module docstring) pass through (:func:`pass_hooks_through`): ``reset``,
     ``check_target`` and ``drafted_elsewhere`` always, ``observe`` only if the fallback has it (a feature drafter must
     see every position the target keeps, also in rounds that lookup drafted, or its cache
     falls out of step). ``rounds`` counts who drafted: ``{"lookup": n, "fallback": m}`` for
@@ -415,16 +431,12 @@ class LookupThenDrafter:
     def __init__(self, fallback, lookup: PromptLookupDrafter | None = None):
         self.fallback = fallback
         self.lookup = lookup if lookup is not None else PromptLookupDrafter(max_ngram=4, min_ngram=3)
-        if wants_features(fallback):  # having .observe is what asks the loop for features: only if the fallback asks
-            self.observe = fallback.observe
+        pass_hooks_through(self, fallback)
         self.rounds = {"lookup": 0, "fallback": 0}
 
     def reset(self) -> None:
         self.rounds = {"lookup": 0, "fallback": 0}
         reset_drafter(self.fallback)
-
-    def check_target(self, target) -> None:
-        check_drafter_target(self.fallback, target)
 
     def drafted_elsewhere(self) -> None:  # this one, nested as another's fallback: the fallback did not draft either
         tell_drafted_elsewhere(self.fallback)

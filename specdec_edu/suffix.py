@@ -28,6 +28,7 @@ accept rule stays exact.
 
 from __future__ import annotations
 
+import zipfile
 from bisect import bisect_left, bisect_right
 from pathlib import Path
 
@@ -330,11 +331,17 @@ class CorpusIndex:
 
     @classmethod
     def load(cls, path) -> CorpusIndex:
-        with np.load(path) as f:
-            index = cls(int(f["max_match"]), int(f["max_occurrences"]))
-            index._append(f["tokens"].astype(np.int32))
-            index.chunks = [_Chunk(index._buf, int(a), int(b), index._depth, f[f"sa_{i}"])
-                            for i, (a, b) in enumerate(f["bounds"])]
+        """The index that :meth:`save` wrote at ``path``; any other file raises ``ValueError``, naming how to rebuild it."""
+        try:
+            with np.load(path) as f:
+                index = cls(int(f["max_match"]), int(f["max_occurrences"]))
+                index._append(f["tokens"].astype(np.int32))
+                index.chunks = [_Chunk(index._buf, int(a), int(b), index._depth, f[f"sa_{i}"])
+                                for i, (a, b) in enumerate(f["bounds"])]
+        except (KeyError, ValueError, TypeError, zipfile.BadZipFile) as e:  # another .npz, a .npy, not numpy's at all
+            raise ValueError(f"{path} is not an index written by CorpusIndex.save ({type(e).__name__}: {e}). Rebuild "
+                             "it: index = CorpusIndex(); index.add_many(documents); index.save(path) (for the embedded "
+                             "target's answers: embedded_corpus().save(path)).") from e
         return index
 
 
@@ -461,12 +468,35 @@ def embedded_corpus(folder=None, fraction: float = 1.0, **index_kwargs) -> Corpu
 
 
 def suffix_drafter_for(target, folder=None, **drafter_kwargs) -> SuffixDrafter:
-    """``load_drafter("suffix", target)``: a SuffixDrafter whose global index holds the embedded target's answers
-    when ``target`` has the embedded tokenizer's vocabulary (SmolLM2: 49,152 ids), else an empty one (the
-    corpus's token ids would mean other words: request matching only)."""
-    same_vocabulary = getattr(target.config, "vocab_size", None) == EMBEDDED_VOCAB
+    """``load_drafter("suffix", target, folder)``: a SuffixDrafter whose global index holds the embedded target's
+    answers (``folder``'s ``answers_*.npz`` shards, default ``assets/feature_data``) when ``target`` has the embedded
+    tokenizer's vocabulary (SmolLM2: 49,152 ids), else an empty one (the corpus's token ids would mean other words:
+    request matching only). With the default folder both fall back quietly (an empty index also where the assets
+    are missing); a ``folder`` given that cannot be used raises ``ValueError`` (:func:`check_corpus_folder`)."""
+    vocab_size = getattr(target.config, "vocab_size", None)
+    same_vocabulary = vocab_size == EMBEDDED_VOCAB
+    if folder is not None:
+        check_corpus_folder(folder, vocab_size)
     corpus = embedded_corpus(folder, max_match=drafter_kwargs.get("max_match", 24)) if same_vocabulary else None
     return SuffixDrafter(corpus, **drafter_kwargs)
 
 
 EMBEDDED_VOCAB = 49152  # the embedded pair's tokenizer (SmolLM2's): the corpus's ids mean its words
+
+
+def check_corpus_folder(folder, vocab_size: int | None) -> None:
+    """Refuse a corpus ``folder`` given by name that the suffix drafter could not use, rather than draft without it in
+    silence: one for a target of another vocabulary, one that does not exist, one without ``answers_*.npz`` shards."""
+    folder = Path(folder)
+    if vocab_size != EMBEDDED_VOCAB:  # the shards are scripts/feature_data.py's: the embedded target's answers
+        raise ValueError(f"path={str(folder)!r}: the answers_*.npz shards hold the embedded target's token ids "
+                         f"({EMBEDDED_VOCAB} of them), this target has {vocab_size}: they would mean other words. Leave "
+                         "path out (the request alone is matched), or index your target's own outputs: "
+                         "SuffixDrafter(corpus) with corpus = CorpusIndex(); corpus.add_many(answers).")
+    if not folder.is_dir():
+        saved = " (a saved CorpusIndex? SuffixDrafter(CorpusIndex.load(path)))" if folder.is_file() else ""
+        raise ValueError(f"path={str(folder)!r} is not a folder{saved}: give the folder of answers_*.npz shards "
+                         "(scripts/feature_data.py --out), or leave path out for assets/feature_data.")
+    if not any(folder.glob("answers_*.npz")):
+        raise ValueError(f"path={str(folder)!r} holds no answers_*.npz shard: give the folder that "
+                         "scripts/feature_data.py --out wrote, or leave path out for assets/feature_data.")

@@ -217,3 +217,37 @@ def test_model_draft_behind_lookup_drafts_from_the_true_context(target, close_dr
         recomputed = []
         ModelDrafter(close_draft).propose(context, len(tokens), forced_onto(tokens, recomputed))
         torch.testing.assert_close(torch.stack(recomputed), logits, atol=1e-4, rtol=1e-4)
+
+
+def test_a_model_drafter_asked_for_no_drafts_keeps_none_of_its_old_ones(close_draft):
+    """A call that drafts nothing (γ = 0 here; the draft's position limit does it in a run) must still forget the
+    drafts of the call before: the context grows by other tokens meanwhile. Before, the next call reused their K/V,
+    and its q differed from a fresh drafter's."""
+    softmax = lambda x: x.softmax(-1)  # noqa: E731
+    drafter, context = ModelDrafter(close_draft), torch.tensor([3, 9, 27, 17, 51])
+    drafts, _ = drafter.propose(context, 4, softmax, torch.Generator().manual_seed(0))
+    context = torch.cat([context, drafts[:1], (drafts[1:2] + 1) % 64])  # one draft kept, then the target's token
+    tokens, q = drafter.propose(context, 0, softmax)
+    assert tokens.shape == (0,) and q.shape[0] == 0
+    context = torch.cat([context, (drafts[2:4] + 1) % 64, torch.tensor([5])])  # a round drafted elsewhere, say
+    logits, recomputed = [], []
+    tokens, _ = drafter.propose(context, 3, lambda x: (logits.append(x), softmax(x))[1], torch.Generator())
+    ModelDrafter(close_draft).propose(context, 3, forced_onto(tokens, recomputed))
+    torch.testing.assert_close(torch.stack(recomputed), torch.stack(logits), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.uint8, torch.int16])
+def test_prompt_lookup_drafts_from_a_context_of_any_integer_dtype(dtype):
+    """check_propose_args accepts any integer context; F.one_hot takes int64 only (before: a RuntimeError)."""
+    tokens, q = PromptLookupDrafter(max_ngram=2).propose(torch.tensor([1, 2, 3, 1, 2], dtype=dtype), 2)
+    assert tokens.tolist() == [3, 1] and tokens.dtype == torch.long
+    assert torch.equal(q, torch.nn.functional.one_hot(torch.tensor([3, 1]), 4).float())
+
+
+@pytest.mark.parametrize("name", [None, 3])
+def test_load_drafter_refuses_a_name_that_is_not_a_string_by_the_names(target, name):
+    """Before: AttributeError ('NoneType' object has no attribute 'startswith')."""
+    from specdec_edu import load_drafter
+
+    with pytest.raises(ValueError, match=f"unknown drafter {name!r}: choose one of 'draft'"):
+        load_drafter(name, target)

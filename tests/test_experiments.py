@@ -8,10 +8,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import flip_wide_forwards
+from conftest import flip_wide_forwards, tiny_llama
 from scipy.stats import chisquare
+from test_drafters import recording
+from test_feature_drafters import forced_onto
 
-from specdec_edu import autoregressive_generate, speculative_generate
+from specdec_edu import (
+    EagleDrafter,
+    LookupThenDrafter,
+    PromptLookupDrafter,
+    autoregressive_generate,
+    speculative_generate,
+)
 from specdec_edu.course import experiments
 from specdec_edu.course.experiments import (
     DynamicGammaDrafter,
@@ -22,7 +30,7 @@ from specdec_edu.course.experiments import (
     settled_reference,
     timed,
 )
-from specdec_edu.drafters import ModelDrafter
+from specdec_edu.drafters import ModelDrafter, wants_features
 
 PROMPT = torch.tensor([[1, 5, 9, 3, 7]])
 
@@ -221,6 +229,66 @@ def test_dynamic_gamma_history_is_the_gamma_asked_not_the_drafts_found(target):
         out = speculative_generate(target, nothing, torch.tensor([[2, 2, 2, 2, 2, 2]]), max_new_tokens=12, gamma=8)
     assert out.stats.drafted == 0 and out.stats.rounds == 12  # off the reference: every round drafted nothing
     assert nothing.history[:9] == [3] * 9  # the last rounds' γ is cut by the room left (3, 2, 1, then none asked)
+
+
+def test_dynamic_gamma_never_drafts_more_than_the_rounds_gamma(target, draft):
+    """Near the end the loop cuts γ to the room left (here 1 < min_gamma = 2): the wrapper must not ask for more.
+    Before, it asked for min_gamma and the run failed ("returned 2 tokens but was asked for at most γ = 1")."""
+    ref = autoregressive_generate(target, PROMPT, max_new_tokens=5).sequences[0]
+    dyn = DynamicGammaDrafter(ModelDrafter(draft), start=3, min_gamma=2)
+    out = speculative_generate(target, dyn, PROMPT, max_new_tokens=5, gamma=4)
+    assert torch.equal(out.sequences[0], ref)
+    assert dyn.history[-1] == 1  # the last round's room
+
+
+def test_dynamic_gamma_and_mixture_pass_the_drafters_hooks_through(target):
+    """check_target, observe (only where the wrapped drafter has it) and drafted_elsewhere reach the wrapped
+    drafter. Before, a feature drafter inside DynamicGammaDrafter was never shown features (a misleading "has seen
+    target features for 0 positions"), and a draft of another vocabulary got a generic error, not check_draft_head's."""
+    ref = greedy_reference(target, n=12)
+    eagle = DynamicGammaDrafter(EagleDrafter(target, seed=7), start=2)
+    assert wants_features(eagle) and not wants_features(DynamicGammaDrafter(ModelDrafter(target)))
+    assert torch.equal(speculative_generate(target, eagle, PROMPT, max_new_tokens=12, gamma=4).sequences[0], ref)
+    wider = tiny_llama(seed=3, vocab_size=80)  # a head of 80 token ids for a 64-id target
+    for wrapped in (DynamicGammaDrafter(ModelDrafter(wider)), MixtureDrafter(wider, 0.5)):
+        with pytest.raises(ValueError, match="vocabulary mismatch: the draft's head produces 80"):
+            speculative_generate(target, wrapped, PROMPT, max_new_tokens=4, gamma=2)
+    mixture = MixtureDrafter(target, 0.5)
+    mixture.propose(PROMPT[0], 3, lambda x: x.softmax(-1))
+    mixture.drafted_elsewhere()  # its model drafter must not take the next context's tokens for its drafts
+    assert mixture._inner.n_draft_cached == 0
+
+
+def test_dynamic_gamma_told_drafted_elsewhere_forgets_its_drafts():
+    """A round another drafter drafted says nothing about this one's γ: before, the wrapper compared its own last
+    drafts with the other drafter's tokens (here equal: it grew γ, as if they were all accepted)."""
+    class Same:  # drafts 7, 7, …: the other drafter below drafts the same tokens
+        def propose(self, context, gamma, to_probs=None, generator=None):
+            tokens = torch.full((gamma,), 7)
+            return tokens, torch.nn.functional.one_hot(tokens, 8).float()
+
+    dyn, context = DynamicGammaDrafter(Same(), start=2, grow=2), torch.tensor([1, 2, 3])
+    dyn.propose(context, 8, None)
+    dyn.drafted_elsewhere()
+    dyn.propose(torch.cat([context, torch.tensor([7, 7, 5])]), 8, None)  # the other drafter's 7, 7, then the target's
+    assert dyn.history == [2, 2]
+
+
+def test_model_draft_behind_lookup_and_dynamic_gamma_drafts_from_the_true_context(target, close_draft):
+    """LookupThenDrafter(DynamicGammaDrafter(ModelDrafter)): when lookup drafts a round, the model drafter must hear
+    of it through the wrapper, or it reuses the K/V of its own rejected drafts. Each q it returned equals a fresh
+    drafter's on the same context (as in test_drafters' test without the wrapper); before, many differed."""
+    calls = []
+    model = recording(ModelDrafter(close_draft), calls)
+    hybrid = LookupThenDrafter(DynamicGammaDrafter(model, start=4), PromptLookupDrafter(max_ngram=2, min_ngram=1))
+    prompt = torch.tensor([3, 9, 27, 17, 51, 25, 11, 33, 35, 41])
+    speculative_generate(target, hybrid, prompt[None], max_new_tokens=80, gamma=4, do_sample=True,
+                         generator=torch.Generator().manual_seed(0))
+    assert hybrid.rounds["lookup"] >= 5 and hybrid.rounds["fallback"] >= 5, hybrid.rounds
+    for context, tokens, logits in calls:
+        recomputed = []
+        ModelDrafter(close_draft).propose(context, len(tokens), forced_onto(tokens, recomputed))
+        torch.testing.assert_close(torch.stack(recomputed), logits, atol=1e-4, rtol=1e-4)
 
 
 def test_early_exit_model_shares_weights_and_matches_full_depth(target):

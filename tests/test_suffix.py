@@ -296,6 +296,34 @@ def test_load_drafter_suffix_and_the_vocabulary_guard(target):
         speculative_generate(target, drafter, torch.tensor([[1, 2]]), max_new_tokens=4)
 
 
+def test_load_drafter_suffix_refuses_a_path_it_cannot_use(tmp_path, target):
+    """An explicit path is used or refused, naming the fix. Before, each of these gave an empty corpus in silence:
+    a folder that does not exist, one without answers_*.npz shards, and any path for a target of another vocabulary
+    (the shards hold the embedded target's ids)."""
+    from types import SimpleNamespace
+
+    shards = ROOT / "assets" / "feature_data"
+    with pytest.raises(ValueError, match="49152 of them.*this target has 64.*Leave path out"):
+        load_drafter("suffix", target, shards)
+    embedded_like = SimpleNamespace(config=SimpleNamespace(vocab_size=49152))  # all suffix_drafter_for reads
+    with pytest.raises(ValueError, match="is not a folder: give the folder of answers_"):
+        load_drafter("suffix", embedded_like, tmp_path / "nowhere")
+    with pytest.raises(ValueError, match="holds no answers_\\*.npz shard: give the folder"):
+        load_drafter("suffix", embedded_like, tmp_path)
+    (tmp_path / "answers_0000.npz").write_bytes((shards / "answers_0000.npz").read_bytes())
+    assert load_drafter("suffix", embedded_like, tmp_path).corpus.size > 0
+
+
+def test_corpus_index_load_refuses_a_file_save_did_not_write(tmp_path):
+    """Before: a KeyError for another .npz, a message about pickles for a file that is not numpy's."""
+    np.savez(tmp_path / "other.npz", x=np.arange(3))
+    np.save(tmp_path / "array.npy", np.arange(3))
+    (tmp_path / "notes.txt").write_text("not an index")
+    for name in ("other.npz", "array.npy", "notes.txt"):
+        with pytest.raises(ValueError, match=f"{name} is not an index written by CorpusIndex.save.*Rebuild it"):
+            CorpusIndex.load(tmp_path / name)
+
+
 def test_bench_suffix_runs_beside_both_prompt_lookups(target):
     from specdec_edu.commands.bench import run_bench
 

@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import torch
 
-from ..drafters import ModelDrafter, common_prefix_length, reset_drafter
+from ..drafters import ModelDrafter, common_prefix_length, pass_hooks_through, reset_drafter, tell_drafted_elsewhere
 from ..generate import speculative_generate
 from ..result import sync
 from ..sampling import logits_to_probs, sample
@@ -96,9 +96,13 @@ class MixtureDrafter:
             raise ValueError(f"noise={noise} must lie in [0, 1]")
         self.noise = noise
         self._inner = ModelDrafter(model)
+        pass_hooks_through(self, self._inner)  # check_target: a draft model with more token ids than the target
 
     def reset(self) -> None:
         self._inner.reset()
+
+    def drafted_elsewhere(self) -> None:
+        tell_drafted_elsewhere(self._inner)
 
     def propose(self, context, gamma, to_probs, generator=None):
         # The model drafter samples from whatever ``to_probs`` returns: hand it the mixture.
@@ -249,12 +253,14 @@ class DynamicGammaDrafter:
     ``history`` lists the γ asked of the wrapped drafter in each round of the current
     generation: the rule's state. A drafter may return fewer tokens (prompt lookup
     without a match returns none); what was drafted is in ``stats.drafted_per_round``.
+    The wrapped drafter's optional hooks pass through (``drafters.pass_hooks_through``).
     """
 
     def __init__(self, drafter, start: int = 5, grow: int = 2, shrink: int = 1, min_gamma: int = 1):
         if start < 1 or min_gamma < 1:
             raise ValueError("start and min_gamma must be >= 1")
         self.drafter, self.start, self.grow, self.shrink, self.min_gamma = drafter, start, grow, shrink, min_gamma
+        pass_hooks_through(self, drafter)
         self.reset()
 
     def reset(self) -> None:
@@ -264,6 +270,11 @@ class DynamicGammaDrafter:
         self._last_context: torch.Tensor | None = None
         self._last_drafts: torch.Tensor | None = None
         reset_drafter(self.drafter)
+
+    def drafted_elsewhere(self) -> None:
+        """The last round was another drafter's: the tokens the context grew by say nothing about our drafts."""
+        self._last_drafts = None
+        tell_drafted_elsewhere(self.drafter)
 
     def _update(self, context: torch.Tensor) -> None:
         last, drafts = self._last_context, self._last_drafts
@@ -283,7 +294,7 @@ class DynamicGammaDrafter:
         # the state never passes the ceiling: grown past it, the rounds would still ask for the ceiling while
         # rejections only walked the state back down towards it, so they changed nothing
         self.gamma = max(self.min_gamma, min(self.gamma, gamma))
-        g = max(1, self.gamma)
+        g = min(self.gamma, gamma)  # never more than this round allows (near the end γ may be cut below min_gamma)
         tokens, q = self.drafter.propose(context, g, to_probs, generator)
         self.history.append(g)  # the γ the rule chose, whatever the drafter could find
         self._last_context, self._last_drafts = context.clone(), tokens.clone()
