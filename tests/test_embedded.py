@@ -219,8 +219,14 @@ def test_offline_without_cache_names_the_one_download(cache, tmp_path, monkeypat
 # --------------------------------------------------------------------------------------
 # Draft, pairs, prompts
 # --------------------------------------------------------------------------------------
-def test_default_cache_location(monkeypatch):
-    monkeypatch.delenv("SPECDEC_EDU_CACHE", raising=False)
+@pytest.mark.parametrize("value", [None, "", "  "])
+def test_default_cache_location(monkeypatch, value):
+    """Unset, or set but blank (``export SPECDEC_EDU_CACHE=``): ``Path("")`` was the current folder, so the model was
+    fetched again into whatever folder the command ran in."""
+    if value is None:
+        monkeypatch.delenv("SPECDEC_EDU_CACHE", raising=False)
+    else:
+        monkeypatch.setenv("SPECDEC_EDU_CACHE", value)
     expected = os.path.expanduser("~/.cache/specdec_edu/smollm2-135m-instruct-q4_1")
     assert str(weights.embedded_target_dir()) == expected
 

@@ -28,3 +28,29 @@ def positive_float(text: str) -> float:
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"{value} is not a finite number > 0 (greedy decoding: leave out --sample)")
     return value
+
+
+def _finite_number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{value} is not a finite number")
+    return value
+
+
+def positive_number(text: str) -> float:
+    """A finite number > 0 (a scale: the suffix drafter's draft budget per matched token)."""
+    value = _finite_number(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{value} is not a number > 0")
+    return value
+
+
+def probability(text: str) -> float:
+    """A finite number in [0, 1] (a probability threshold: the suffix drafter's τ)."""
+    value = _finite_number(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a probability, a number in [0, 1]")
+    return value

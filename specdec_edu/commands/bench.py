@@ -13,9 +13,11 @@ import inspect
 import json
 import os
 import platform
+import shlex
 import statistics
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -28,7 +30,7 @@ from ..models.feature_drafters import load_drafter
 from ..result import GenerationStats
 from ..suffix import SuffixDrafter
 from ..theory import expected_speedup
-from .args import positive_int
+from .args import positive_int, positive_number, probability
 
 SUFFIX_MIN_PROB = inspect.signature(SuffixDrafter).parameters["min_prob"].default  # for --help: the drafter's own
 
@@ -77,6 +79,9 @@ def configure_hf_assistant(draft, gamma: int | None):
 
 
 DRAFTERS = ("model", "prompt-lookup", "eagle", "medusa", "prompt-lookup+eagle", "suffix")
+#: The drafters that read the target's features: their trained layers (assets/eagle, assets/medusa) fit the embedded
+#: target only (``scripts/train_feature_drafters.py`` trains for that one), so a hub pair refuses them before loading.
+FEATURE_DRAFTERS = tuple(d for d in DRAFTERS if d.removeprefix("prompt-lookup+") in ("eagle", "medusa"))
 
 #: Named prompt sets. "default": the built-in prompts above (chat for a model, grounded for prompt lookup). The others
 #: come from assets/eval/prompts.json, the suffix drafter's evaluation set (committed before tuning; its README
@@ -225,6 +230,9 @@ def run_bench(target, draft, inputs, *, eos_token_id=None, drafter="model", gamm
                              gamma, compiled=compiled)
     out = summarise(target, draft, results, drafter, gamma, inputs, compiled, profiled)
     out.update(max_new_tokens=max_new_tokens, repeats=repeats)  # the settings, not only inside "command"
+    from .gpu_report import compiled_path  # lazy: the report's module is not needed to measure
+
+    out["path"] = compiled_path(target.device) if compiled else "eager"  # on CUDA: graphs without a compiler
     if drafter == "suffix":
         out["hf_prompt_lookup_setting"] = dict(zip(("prompt_lookup_num_tokens", "max_matching_ngram_size"),
                                                    hf_lookup or (gamma, 2)))
@@ -358,7 +366,10 @@ def _versions():
 def format_table(result: dict) -> str:
     """A Markdown table of tokens/s and ratios to target-only."""
     base = result["target_only_tok_s"]
-    path = "compiled (torch.compile; the *_eager rows beside them)" if result.get("compiled") else "eager"
+    if "path" in result:  # the compiled path's own name on the device it ran on (gpu_report.compiled_path)
+        path = result["path"] + ("; the *_eager rows beside them" if result.get("compiled") else "")
+    else:  # a JSON file written before "path" was recorded
+        path = "compiled (torch.compile; the *_eager rows beside them)" if result.get("compiled") else "eager"
     rows = [f"our methods: {path}", "", "| method | tok/s | × target-only | same tokens |", "|---|---:|---:|:---:|"]
     for name, tps in result["tok_s"].items():
         same = "yes" if result["identical_outputs"][name] else "NO"
@@ -396,13 +407,40 @@ def plot_result(result: dict, path: str) -> None:
     plt.close(fig)
 
 
-def check_output_folders(*paths: str | None) -> None:
-    """Refuse, before anything is measured, an output file (``--json``, ``--plot``) whose folder does not exist."""
-    for path in filter(None, paths):
+def plot_formats() -> dict[str, str]:
+    """The file types ``plot_result`` can write ({suffix: description}), as matplotlib's Agg canvas lists them (its
+    class is asked: no figure is made and the backend is not switched)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    return FigureCanvasAgg.get_supported_filetypes()
+
+
+def check_outputs(json_path: str | None, plot_path: str | None) -> None:
+    """Refuse, before anything loads, an output file (``--json``, ``--plot``) that the finished run could not write:
+    a folder named as the file, a folder that does not exist or is not writable, a file that is not writable, a plot
+    whose suffix matplotlib cannot write (or none: matplotlib would add ``.png``), and both flags naming one file."""
+    if json_path and plot_path and os.path.realpath(json_path) == os.path.realpath(plot_path):
+        raise SystemExit(f"--json and --plot both name {plot_path}: the plot would overwrite the JSON; give them "
+                         "different names, e.g. run.json and run.png")
+    for flag, path, example in (("--json", json_path, "bench.json"), ("--plot", plot_path, "bench.png")):
+        if not path:
+            continue
+        if os.path.isdir(path):
+            raise SystemExit(f"{flag} {path}: that is a folder; name a file in it, e.g. {os.path.join(path, example)}")
         folder = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(folder):
-            raise SystemExit(f"{path}: its folder {folder} does not exist; create it first (mkdir -p), or write the "
-                             "file elsewhere")
+            raise SystemExit(f"{flag} {path}: its folder {folder} does not exist; create it first (mkdir -p), or write "
+                             "the file elsewhere")
+        if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+            raise SystemExit(f"{flag} {path}: cannot write there (no write permission); write the file elsewhere")
+        if flag == "--plot":
+            formats = plot_formats()
+            suffix = Path(path).suffix.lower().removeprefix(".")
+            if suffix not in formats:
+                given = f"matplotlib cannot write .{suffix} files" if suffix else "the name has no file type"
+                raise SystemExit(f"--plot {path}: {given}; end the name with one it writes, e.g. "
+                                 f"{Path(path).with_suffix('.png') if suffix else path + '.png'} (or: "
+                                 f"{', '.join(sorted(formats))})")
 
 
 def save_json(result: dict, path: str) -> None:
@@ -421,8 +459,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--prompt-set", choices=PROMPT_SETS, default="default",
                         help="default: built-in prompts; the others are assets/eval/prompts.json's sets (reworded: "
                         "the originals' answers are added to the suffix drafter's global index first)")
-    parser.add_argument("--suffix-min-prob", type=float, default=None, help=f"suffix drafter's τ (default {SUFFIX_MIN_PROB})")
-    parser.add_argument("--suffix-spec-factor", type=float, default=None, help="suffix drafter's budget per matched token")
+    parser.add_argument("--suffix-min-prob", type=probability, default=None,
+                        help=f"suffix drafter's τ (default {SUFFIX_MIN_PROB}), a number in [0, 1]")
+    parser.add_argument("--suffix-spec-factor", type=positive_number, default=None,
+                        help="suffix drafter's budget per matched token, > 0")
     parser.add_argument("--limit", type=positive_int, default=None, help="only the first N prompts of the set")
     parser.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--hf-lookup", metavar="TOKENS,NGRAM", default=None,
@@ -433,14 +473,27 @@ def add_arguments(parser) -> None:
                         "(default 3)")
     parser.add_argument("--device", default=None, help="cuda, mps or cpu (default: the best available)")
     parser.add_argument("--json", metavar="FILE", help="write the full result as JSON")
-    parser.add_argument("--plot", metavar="FILE", help="write a bar chart of tokens/s (PNG)")
+    parser.add_argument("--plot", metavar="FILE", help="write a bar chart of tokens/s (the suffix names the type: "
+                        ".png, .pdf, .svg, ...)")
     parser.add_argument("--batch-sizes", metavar="LIST", default="",
                         help="also measure batched decoding at these batch sizes, e.g. 1,4,16 (model drafter only)")
     parser.add_argument("--batch-new-tokens", type=positive_int, default=16,
                         help="new tokens per row in the batch sweep (default 16)")
     parser.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
-                        help="our methods compiled (torch.compile on static KV caches) or eager; auto: compiled on CUDA "
-                        "only. When compiled, their eager twins run beside them")
+                        help="our methods compiled on static KV caches, or eager. Compiled means, on CUDA, CUDA graphs "
+                        "recorded from the eager forward, no compiler ($SPECDEC_EDU_COMPILE=inductor: torch.compile's "
+                        "inductor with CUDA graphs); elsewhere torch.compile. auto: as $SPECDEC_EDU_COMPILE says when "
+                        "set (1: compiled, 0: eager), else compiled on CUDA only. When compiled, their eager twins run "
+                        "beside them")
+
+
+def rerun_command(argv: list[str]) -> str:
+    """The command that runs this benchmark again, from ``argv`` (``sys.argv[1:]``): the words after ``bench``, so
+    that the top-level flags before it (``--traceback``) are left out, quoted for a shell."""
+    argv = list(argv)
+    if "bench" in argv:  # the top-level parser takes only flags before the command, so the first "bench" is it
+        argv = argv[argv.index("bench") + 1:]
+    return shlex.join(["python", "-m", "specdec_edu", "bench", *argv])
 
 
 def main(args) -> int:
@@ -450,12 +503,12 @@ def main(args) -> int:
     from ..models.embedded import chat_prompt, load_pair
 
     transformers.utils.logging.set_verbosity_error()
-    check_output_folders(args.json, args.plot)  # before measuring: a finished run must have somewhere to go
+    check_outputs(args.json, args.plot)  # before measuring: a finished run must have somewhere to go
     if args.drafter != "suffix" and (args.suffix_min_prob is not None or args.suffix_spec_factor is not None):
         raise SystemExit("--suffix-min-prob and --suffix-spec-factor set the suffix drafter: add --drafter suffix, or "
                          "leave them out")
-    try:
-        batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b.strip()]
+    try:  # "" (the default): no sweep; an empty item ("1,,4", "4,") is a typo, not a size to skip
+        batch_sizes = [int(b) for b in args.batch_sizes.split(",")] if args.batch_sizes.strip() else []
     except ValueError:
         raise SystemExit(f"--batch-sizes {args.batch_sizes!r}: give whole numbers separated by commas, e.g. 1,4,16") from None
     if any(b < 1 for b in batch_sizes) or (batch_sizes and args.drafter != "model"):
@@ -467,6 +520,10 @@ def main(args) -> int:
     except ValueError:
         raise SystemExit(f"--hf-lookup {args.hf_lookup!r}: give TOKENS,NGRAM, two positive whole numbers, "
                          "e.g. 4,2") from None
+    if args.pair != "embedded" and args.drafter in FEATURE_DRAFTERS:  # else refused after the hub download
+        raise SystemExit(f"--drafter {args.drafter} with --pair {args.pair}: the trained EAGLE and Medusa drafters in "
+                         "assets/ fit the embedded target only (scripts/train_feature_drafters.py trains for that one); "
+                         "use --pair embedded, or with this pair --drafter model, prompt-lookup or suffix")
     if args.hf_lookup and args.drafter not in ("prompt-lookup", "suffix"):
         raise SystemExit("--hf-lookup sets HF's prompt lookup, which runs beside --drafter prompt-lookup or suffix: "
                          "add one of those, or leave it out")
@@ -494,7 +551,7 @@ def main(args) -> int:
     )
     result["pair"] = args.pair
     result["prompt_set"] = args.prompt_set
-    result["command"] = "python -m specdec_edu bench " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:])
+    result["command"] = rerun_command(sys.argv[1:])
     result["date"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     print(format_table(result))
     if args.json:  # now, and again after the sweep: a sweep that fails must not lose the run above

@@ -81,8 +81,11 @@ def _log(message: str) -> None:
 # Paths
 # --------------------------------------------------------------------------------------
 def cache_root() -> Path:
-    """The cache directory: ``$SPECDEC_EDU_CACHE`` or ``~/.cache/specdec_edu``."""
-    return Path(os.environ.get("SPECDEC_EDU_CACHE", "~/.cache/specdec_edu")).expanduser()
+    """The cache directory: ``$SPECDEC_EDU_CACHE`` or ``~/.cache/specdec_edu``.
+
+    Set but blank counts as unset, as for the other ``SPECDEC_EDU_*`` variables: ``Path("")`` is the current folder,
+    where a blank value would fetch the model again and write it into whatever folder the command runs in."""
+    return Path(os.environ.get("SPECDEC_EDU_CACHE", "").strip() or "~/.cache/specdec_edu").expanduser()
 
 
 def embedded_target_dir() -> Path:
