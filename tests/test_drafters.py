@@ -201,14 +201,19 @@ def recording(drafter, calls):
     return drafter
 
 
-def test_model_draft_behind_lookup_drafts_from_the_true_context(target, close_draft):
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_model_draft_behind_lookup_drafts_from_the_true_context(target, close_draft, wrapped):
     """Rounds that lookup drafted put tokens in the context that were not the model's drafts: the model
     drafter's cache must not take them for its own. After a sampled run with both halves drafting
     (lookup on every repeated token), each q the model drafter returned equals a fresh drafter's on the
-    same context, fed the same drafts. Before the fix about half of them differed."""
+    same context, fed the same drafts. Before the fix about half of them differed. ``wrapped``: the model drafter
+    inside a DynamicGammaDrafter, which must pass the news on (before, it did not, and every q checked differed)."""
+    from specdec_edu.course.experiments import DynamicGammaDrafter
+
     calls = []
     model = recording(ModelDrafter(close_draft), calls)
-    hybrid = LookupThenDrafter(model, PromptLookupDrafter(max_ngram=2, min_ngram=1))
+    hybrid = LookupThenDrafter(DynamicGammaDrafter(model, start=4) if wrapped else model,
+                               PromptLookupDrafter(max_ngram=2, min_ngram=1))
     prompt = torch.tensor([3, 9, 27, 17, 51, 25, 11, 33, 35, 41])
     speculative_generate(target, hybrid, prompt[None], max_new_tokens=80, gamma=4, do_sample=True,
                          generator=torch.Generator().manual_seed(0))

@@ -10,13 +10,9 @@ import pytest
 import torch
 from conftest import flip_wide_forwards, tiny_llama
 from scipy.stats import chisquare
-from test_drafters import recording
-from test_feature_drafters import forced_onto
 
 from specdec_edu import (
     EagleDrafter,
-    LookupThenDrafter,
-    PromptLookupDrafter,
     autoregressive_generate,
     speculative_generate,
 )
@@ -272,23 +268,6 @@ def test_dynamic_gamma_told_drafted_elsewhere_forgets_its_drafts():
     dyn.drafted_elsewhere()
     dyn.propose(torch.cat([context, torch.tensor([7, 7, 5])]), 8, None)  # the other drafter's 7, 7, then the target's
     assert dyn.history == [2, 2]
-
-
-def test_model_draft_behind_lookup_and_dynamic_gamma_drafts_from_the_true_context(target, close_draft):
-    """LookupThenDrafter(DynamicGammaDrafter(ModelDrafter)): when lookup drafts a round, the model drafter must hear
-    of it through the wrapper, or it reuses the K/V of its own rejected drafts. Each q it returned equals a fresh
-    drafter's on the same context (as in test_drafters' test without the wrapper); before, many differed."""
-    calls = []
-    model = recording(ModelDrafter(close_draft), calls)
-    hybrid = LookupThenDrafter(DynamicGammaDrafter(model, start=4), PromptLookupDrafter(max_ngram=2, min_ngram=1))
-    prompt = torch.tensor([3, 9, 27, 17, 51, 25, 11, 33, 35, 41])
-    speculative_generate(target, hybrid, prompt[None], max_new_tokens=80, gamma=4, do_sample=True,
-                         generator=torch.Generator().manual_seed(0))
-    assert hybrid.rounds["lookup"] >= 5 and hybrid.rounds["fallback"] >= 5, hybrid.rounds
-    for context, tokens, logits in calls:
-        recomputed = []
-        ModelDrafter(close_draft).propose(context, len(tokens), forced_onto(tokens, recomputed))
-        torch.testing.assert_close(torch.stack(recomputed), logits, atol=1e-4, rtol=1e-4)
 
 
 def test_early_exit_model_shares_weights_and_matches_full_depth(target):
