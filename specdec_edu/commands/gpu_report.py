@@ -65,7 +65,8 @@ def step_costs(target, draft, gamma: int, compiled: bool, bandwidth_bytes: int |
 
     Returns ``read_bandwidth`` (bytes/s, ``torch.sum`` over ``bandwidth_bytes``), ``weight_bytes`` and
     ``memory_floor`` (weight bytes ÷ bandwidth: no step can be faster), ``target_step`` and ``draft_step``
-    (a one-token forward, median of ``repeats``), ``c`` (their ratio) and ``verify_cost`` (a (γ + 1)-token
+    (a one-token step, median of ``repeats``: the draft's as its drafter takes it, with its reduced head if it has
+    one), ``c`` (their ratio) and ``verify_cost`` (a (γ + 1)-token
     target forward ÷ a one-token one: the median of ``repeats`` interleaved sweeps, ``measured_verify_cost``).
     ``bandwidth_bytes`` defaults to 1 GiB on CUDA (so that the reduction outlasts its launch) and 256 MiB elsewhere
     (more than a CPU's caches).

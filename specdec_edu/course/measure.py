@@ -143,7 +143,7 @@ def _drafter_forward(model, context: torch.Tensor, new: torch.Tensor, compile: b
     """``forward(n)`` for a draft model: the step its ``ModelDrafter`` takes in a generation, not the model's own
     forward. The two differ: a draft with a reduced head (``config.draft_vocab_size``, as the embedded draft has) runs
     its bare decoder and the head's first rows only, on a compiled cache of its own, and the full forward timed
-    instead read 2.4× the head weights (c came out about twice the run's on this CPU). ``context`` ``[n]``, ``new``
+    instead read 2.4× the head weights (c came out about twice the run's on a 2-core CPU). ``context`` ``[n]``, ``new``
     ``[max_new]``."""
     from ..drafters import ModelDrafter
     from ..generate import compiled_or_eager
