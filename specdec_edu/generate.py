@@ -99,6 +99,13 @@ def as_drafter(draft, target, compile: bool = False, compile_options: dict | Non
             raise TypeError(f"draft must be a Hugging Face causal LM or a drafter with .propose(), got {type(draft).__name__}")
         return draft  # its check_target runs next (a ModelDrafter's checks its head, also as another's fallback)
     check_draft_head(head_rows(draft), target)  # before compiling: a draft that cannot serve the target costs nothing
+    return model_drafter(draft, compile, compile_options, positions)
+
+
+def model_drafter(draft, compile: bool = False, compile_options: dict | None = None, positions: int = 0) -> ModelDrafter:
+    """A ModelDrafter of the model ``draft``; with ``compile``, compiled on its shared static cache with room for
+    ``positions`` (eager where compiling fails: :func:`compiled_or_eager`). What a generation drafts with, and what
+    ``course.measure`` times as the draft's step."""
     if compile:
         return compiled_or_eager(lambda: ModelDrafter(draft, max_cache_len=positions, compile=True,
                                                       compile_options=compile_options), lambda: ModelDrafter(draft), "draft")

@@ -345,13 +345,16 @@ class CorpusIndex:
         return index
 
 
+ANSWER_SHARDS = "answers_*.npz"  # scripts/feature_data.py's shards of the embedded target's answers
+
+
 def corpus_answers(folder) -> list[np.ndarray]:
     """The answers (token ids after each prompt, EOS included) in ``folder``'s ``answers_*.npz`` shards.
 
     Only the target's own answers: the prompts are left out (the target did not write them), and so are
     the ``text_*`` shards (documentation written by people, used to train the feature drafters)."""
     answers = []
-    for shard in sorted(Path(folder).glob("answers_*.npz")):
+    for shard in sorted(Path(folder).glob(ANSWER_SHARDS)):
         with np.load(shard) as f:
             tokens, lengths, prompt_lengths = f["tokens"].astype(np.int32), f["lengths"], f["prompt_lengths"]
         starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
@@ -497,6 +500,6 @@ def check_corpus_folder(folder, vocab_size: int | None) -> None:
         saved = " (a saved CorpusIndex? SuffixDrafter(CorpusIndex.load(path)))" if folder.is_file() else ""
         raise ValueError(f"path={str(folder)!r} is not a folder{saved}: give the folder of answers_*.npz shards "
                          "(scripts/feature_data.py --out), or leave path out for assets/feature_data.")
-    if not any(folder.glob("answers_*.npz")):
+    if not any(folder.glob(ANSWER_SHARDS)):
         raise ValueError(f"path={str(folder)!r} holds no answers_*.npz shard: give the folder that "
                          "scripts/feature_data.py --out wrote, or leave path out for assets/feature_data.")

@@ -145,13 +145,9 @@ def _drafter_forward(model, context: torch.Tensor, new: torch.Tensor, compile: b
     its bare decoder and the head's first rows only, on a compiled cache of its own, and the full forward timed
     instead read 2.4× the head weights (c came out about twice the run's on a 2-core CPU). ``context`` ``[n]``, ``new``
     ``[max_new]``."""
-    from ..drafters import ModelDrafter
-    from ..generate import compiled_or_eager
+    from ..generate import model_drafter
 
-    length = len(context) + len(new)
-    drafter = (compiled_or_eager(lambda: ModelDrafter(model, max_cache_len=length, compile=True,
-                                                      compile_options=compile_options), lambda: ModelDrafter(model), "draft")
-               if compile else ModelDrafter(model))
+    drafter = model_drafter(model, compile, compile_options, positions=len(context) + len(new))
     drafter.next_logits(context)
 
     @torch.no_grad()
