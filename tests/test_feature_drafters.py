@@ -497,6 +497,25 @@ def test_a_save_stopped_between_its_two_moves_is_refused_at_load(tmp_path, targe
     load_drafter("eagle", target, tmp_path)
 
 
+@pytest.mark.parametrize("damage, problem", [
+    (lambda text: text[: len(text) // 2], "is not JSON"),
+    (lambda text: "[]", "lacks 'kind' \\(str\\), 'args' \\(dict\\), 'target' \\(dict\\)"),
+    (lambda text: text.replace('"target"', '"trained_on"'), "lacks 'target' \\(dict\\)"),
+    (lambda text: text.replace('"args": {', '"args": [{').replace("},\n  \"target", "}],\n  \"target"), "lacks 'args'"),
+], ids=["truncated", "not an object", "a key renamed", "args not an object"])
+def test_a_damaged_config_names_the_file_and_the_fix(tmp_path, target, damage, problem):
+    """A truncated or hand-edited config.json failed with a bare JSONDecodeError or ``KeyError: 'target'``."""
+    make("eagle", target, seed=1).save(tmp_path)
+    config = tmp_path / "config.json"
+    text = config.read_text()
+    config.write_text(damage(text))
+    assert config.read_text() != text
+    with pytest.raises(ValueError, match=f"config.json {problem}.*train it:  python scripts/train_feature_drafters.py"):
+        load_drafter("eagle", target, tmp_path)
+    config.write_text(text)  # the control: the file as save() wrote it loads
+    load_drafter("eagle", target, tmp_path)
+
+
 def test_an_interrupted_save_leaves_the_saved_drafter_whole(tmp_path, target, monkeypatch):
     """Saving over a drafter wrote the new weights first, then the config: stopped in between, the folder held new
     weights beside the old config, and it loaded without an error. Now both are written aside and moved in."""

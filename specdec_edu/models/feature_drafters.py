@@ -228,8 +228,8 @@ class FeatureDrafter:
                 f"no trained {cls.kind} drafter in {path} (needs config.json + model.safetensors). Train one with:  "
                 f"{TRAIN_COMMAND}  (or pass path= to a directory written by drafter.save(dir))."
             )
-        config = json.loads((path / "config.json").read_text())
-        kind = config.get("kind")
+        config = _read_config(path / "config.json")
+        kind = config["kind"]
         if kind != cls.kind:
             raise ValueError(f"{path} holds a {kind!r} drafter, not a {cls.kind!r} one: "
                              f"load it with load_drafter({kind!r}, target, path).")
@@ -256,6 +256,25 @@ class FeatureDrafter:
         state = load_safetensors(weights)
         drafter.net.load_state_dict({name: w.to(target.device, target.dtype) for name, w in state.items()})
         return drafter
+
+
+def _read_config(file: Path) -> dict:
+    """``config.json`` as ``save`` writes it: an object with ``kind``, ``args`` and ``target``, else a clear error.
+
+    A truncated or hand-edited file otherwise failed deep inside ``load`` with a bare ``JSONDecodeError`` or
+    ``KeyError: 'target'`` that names neither the file nor the fix."""
+    try:
+        config = json.loads(file.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
+        problem = f"is not JSON ({exc})"
+    else:
+        shape = {"kind": str, "args": dict, "target": dict}
+        missing = [key for key, kind in shape.items() if not isinstance(config, dict) or not isinstance(config.get(key), kind)]
+        if not missing:
+            return config
+        problem = "lacks " + ", ".join(f"{key!r} ({shape[key].__name__})" for key in missing)
+    raise ValueError(f"{file} {problem}: it was not written by drafter.save(dir), or it was cut short or edited. "
+                     f"Save the drafter again, or train it:  {TRAIN_COMMAND}")
 
 
 # ---- Medusa -------------------------------------------------------------------------------------
