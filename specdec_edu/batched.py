@@ -38,6 +38,18 @@ def _masked_forward(model, cache, mask, ids, new_mask, **kwargs):
     return kv.forward_cached(model, ids, cache, attention_mask=full, position_ids=positions, **kwargs), full
 
 
+def draft_logits(drafter: ModelDrafter, cache, mask, ids, new_mask):
+    """Feed ``ids [B, n]`` to ``drafter``'s model on ``cache``: its logits ``[B, V']`` for the token after them, and
+    the grown mask. A ``ModelDrafter`` with ``head_size`` gets logits for its first ``head_size`` token ids only.
+    The step batched drafting takes, and what ``course.measure`` times for a draft at batch B."""
+    model, head_size = drafter.model, drafter.head_size
+    if head_size is None:
+        out, mask = _masked_forward(model, cache, mask, ids, new_mask, logits_to_keep=1)
+        return out.logits[:, -1], mask
+    out, mask = _masked_forward(model.get_decoder(), cache, mask, ids, new_mask)
+    return reduced_head(model, out.last_hidden_state[:, -1], head_size), mask
+
+
 class Batch:
     """The batched side of a round (see ``round.Loop``): a draft model and the target, each with
     a KV cache and a mask ``[B, L]`` of the cached positions each row may attend to.
@@ -70,14 +82,9 @@ class Batch:
                                            self.prompt_mask[:, :-1], logits_to_keep=1)
 
     def draft_logits(self, ids: torch.Tensor, new_mask: torch.Tensor) -> torch.Tensor:
-        """Feed ``ids [B, n]`` to the draft model; its logits ``[B, V']`` for the token after them.
-        A ``ModelDrafter`` with ``head_size`` gets logits for its first ``head_size`` token ids only."""
-        model, head_size = self.drafter.model, self.drafter.head_size
-        if head_size is None:
-            out, self.draft_mask = _masked_forward(model, self.draft_cache, self.draft_mask, ids, new_mask, logits_to_keep=1)
-            return out.logits[:, -1]
-        out, self.draft_mask = _masked_forward(model.get_decoder(), self.draft_cache, self.draft_mask, ids, new_mask)
-        return reduced_head(model, out.last_hidden_state[:, -1], head_size)
+        """Feed ``ids [B, n]`` to the draft model; its logits ``[B, V']`` for the token after them."""
+        logits, self.draft_mask = draft_logits(self.drafter, self.draft_cache, self.draft_mask, ids, new_mask)
+        return logits
 
     def draft_step(self, x: torch.Tensor) -> torch.Tensor:
         """Feed each row its draft ``x [B]`` (finished rows: masked); logits ``[B, V']`` for the next draft."""

@@ -25,7 +25,8 @@ from ..result import sync
 
 @torch.no_grad()
 def forward_seconds(model, n_new: int, context_length: int = 64, repeats: int = 5, warmup: int = 1,
-                    compile: bool = False, compile_options: dict | None = None, role: str = "target") -> float:
+                    compile: bool = False, compile_options: dict | None = None, role: str = "target",
+                    batch: int = 1) -> float:
     """Median wall time of one forward that appends ``n_new`` tokens to a cache of ``context_length``.
 
     The cache is built once; after each timed forward it is cropped back, so every
@@ -35,9 +36,13 @@ def forward_seconds(model, n_new: int, context_length: int = 64, repeats: int = 
     ``stats.compiled`` to time the forwards on the path that generation took. ``role``: whose
     compiled cache to time, ``"target"`` or ``"draft"`` (``kv.shared_static_cache``): time a draft
     model with ``role="draft"``: the step its ``ModelDrafter`` takes (its reduced head, if it has one), on the cache
-    its generations compiled, not a second one compiled anew.
+    its generations compiled, not a second one compiled anew. ``batch`` rows append ``n_new`` tokens each, eager, as
+    batched generation runs (for a draft: each row's logits for its next token, as batched drafting computes them).
     """
-    forward = _appending_forward(model, context_length, n_new, compile, compile_options, role)
+    if batch > 1 and compile:
+        raise ValueError(f"batch={batch} with compile=True: batched generation runs eager, and so does its timing. "
+                         "Pass compile=False.")
+    forward = _appending_forward(model, context_length, n_new, compile, compile_options, role, batch)
     times = []
     for i in range(warmup + repeats):
         sync(model.device)
@@ -113,13 +118,15 @@ class VerifyCost:
 
 @torch.no_grad()
 def _appending_forward(model, context_length: int, max_new: int, compile: bool, compile_options: dict | None,
-                       role: str = "target"):
-    """``forward(n)``: one forward appending n tokens to a ``context_length`` cache (``role``'s compiled one with
-    ``compile``), cropped back after it."""
+                       role: str = "target", batch: int = 1):
+    """``forward(n)``: one forward appending n tokens to each of ``batch`` rows of a ``context_length`` cache
+    (``role``'s compiled one with ``compile``), cropped back after it."""
     vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(0)
-    context = torch.randint(0, vocab, (1, context_length), generator=gen).to(model.device)
-    new = torch.randint(0, vocab, (1, max_new), generator=gen).to(model.device)
+    context = torch.randint(0, vocab, (batch, context_length), generator=gen).to(model.device)
+    new = torch.randint(0, vocab, (batch, max_new), generator=gen).to(model.device)
+    if role == "draft" and batch > 1:
+        return _batched_drafter_forward(model, context, new)
     if role == "draft":
         return _drafter_forward(model, context[0], new[0], compile, compile_options)
     if compile:  # where compiling fails (e.g. Triton on an old GPU), time the eager path, as the generation does
@@ -134,6 +141,24 @@ def _appending_forward(model, context_length: int, max_new: int, compile: bool, 
     @torch.no_grad()
     def forward(n: int) -> None:
         kv.forward_cached(model, new[:, :n], cache)  # all n positions' logits, as a verify pass needs
+        kv.crop(cache, n)
+
+    return forward
+
+
+def _batched_drafter_forward(model, context: torch.Tensor, new: torch.Tensor):
+    """``forward(n)`` for a draft model at batch B: the step batched drafting takes (``batched.draft_logits``: each
+    row's logits for its next token, through the reduced head if the draft has one). ``context`` ``[B, L]``, ``new``
+    ``[B, max_new]``."""
+    from ..batched import draft_logits
+    from ..generate import model_drafter
+
+    drafter, cache = model_drafter(model), kv.new_cache(model)
+    _, mask = draft_logits(drafter, cache, context[:, :0], context, torch.ones_like(context))
+
+    @torch.no_grad()
+    def forward(n: int) -> None:
+        draft_logits(drafter, cache, mask, new[:, :n], torch.ones_like(new[:, :n]))
         kv.crop(cache, n)
 
     return forward
