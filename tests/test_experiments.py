@@ -58,28 +58,38 @@ def test_mixture_drafter_q_is_a_distribution_with_the_dialled_mass(target):
 def test_mixture_drafter_alpha_falls_with_noise(target):
     """Greedy p is one-hot, so α = 1 − noise + noise/V: 1, 0.41, 0.016. Seed 1, 40 new tokens
     (≈ 39 judged drafts: standard error of α ≈ 0.08), tolerance 0.2 ≈ 2.5 SE. Measured once
-    over seeds 0..4: α(0.6) from 0.31 to 0.51, α(1) <= 0.026."""
-    alphas = []
-    for noise in (0.0, 0.6, 1.0):
+    over seeds 0..4: α(0.6) from 0.31 to 0.51, α(1) <= 0.026. The control: a drafter dialled wrong (noise 0.95
+    run where 0.6 is claimed: α 0.03 here) misses the claimed α by more than the tolerance, with the same seed."""
+    def alpha_of(noise):
         g = torch.Generator().manual_seed(1)
-        out = speculative_generate(target, MixtureDrafter(target, noise), PROMPT, max_new_tokens=40, gamma=4, generator=g)
-        alphas.append(out.stats.alpha)
-        assert out.stats.alpha == pytest.approx(1 - noise + noise / target.config.vocab_size, abs=0.2)
+        return speculative_generate(target, MixtureDrafter(target, noise), PROMPT, max_new_tokens=40, gamma=4,
+                                    generator=g).stats.alpha
+
+    dial = lambda noise: 1 - noise + noise / target.config.vocab_size  # noqa: E731
+    alphas = [alpha_of(noise) for noise in (0.0, 0.6, 1.0)]
+    assert alphas == pytest.approx([dial(0.0), dial(0.6), dial(1.0)], abs=0.2)
     assert alphas[0] == 1.0 and alphas[0] > alphas[1] > alphas[2]
+    assert alpha_of(0.95) != pytest.approx(dial(0.6), abs=0.2)
 
 
 def test_replay_drafter_exact_and_alpha_close_to_dial(target):
     """Seed 2, 200 new tokens (≈ 192 judged drafts at noise 0.5: standard error of α ≈ 0.036),
-    tolerance 0.12 ≈ 3.3 SE. Measured once over seeds 0..4: α from 0.48 to 0.52 (dial 0.508)."""
+    tolerance 0.12 ≈ 3.3 SE. Measured once over seeds 0..4: α from 0.48 to 0.52 (dial 0.508). The control: a
+    drafter dialled wrong (noise 0.75 run where 0.5 is claimed: α 0.27 here) misses the claim, with the same seed."""
     ref = greedy_reference(target, n=200)
     vocab = target.config.vocab_size
-    for noise, expected in [(0.0, 1.0), (0.5, 1 - 0.5 + 0.5 / vocab)]:
-        d = ReplayDrafter(ref, noise, vocab)
-        assert d.alpha == pytest.approx(expected)
+
+    def run(noise):
         g = torch.Generator().manual_seed(2)
-        out = speculative_generate(target, d, PROMPT, max_new_tokens=200, gamma=4, generator=g)
+        return speculative_generate(target, ReplayDrafter(ref, noise, vocab), PROMPT, max_new_tokens=200, gamma=4,
+                                    generator=g)
+
+    for noise, expected in [(0.0, 1.0), (0.5, 1 - 0.5 + 0.5 / vocab)]:
+        assert ReplayDrafter(ref, noise, vocab).alpha == pytest.approx(expected)
+        out = run(noise)
         assert torch.equal(out.sequences[0], ref)
         assert out.stats.alpha == pytest.approx(expected, abs=0.12)
+    assert run(0.75).stats.alpha != pytest.approx(1 - 0.5 + 0.5 / vocab, abs=0.12)
 
 
 def draws_pvalues(drafter, context, q, n=2000, seed=0):

@@ -31,11 +31,14 @@ def test_vectorised_and_simulated():
     assert out.shape == (11,) and np.all(np.diff(out) > 0)
     # Monte-Carlo: 200,000 rounds with i.i.d. acceptance, seed 0. Tokens per round have SD ≈ 1.5,
     # so the mean's standard error is ≈ 0.0034 and the tolerance 0.01 is ≈ 3 standard errors
-    # (a correct formula fails ~0.3 % of seeds); α = 0.72 instead of 0.7 would miss by ≈ 0.1.
-    rng = np.random.default_rng(0)
-    accepted = rng.random((200_000, 4)) < 0.7
-    tokens = np.cumprod(accepted, axis=1).sum(1) + 1
-    assert tokens.mean() == pytest.approx(expected_tokens_per_round(0.7, 4), abs=0.01)
+    # (a correct formula fails ~0.3 % of seeds).
+    def simulated_tokens(alpha):
+        accepted = np.random.default_rng(0).random((200_000, 4)) < alpha
+        return (np.cumprod(accepted, axis=1).sum(1) + 1).mean()
+
+    assert simulated_tokens(0.7) == pytest.approx(expected_tokens_per_round(0.7, 4), abs=0.01)
+    # the control: rounds simulated at α = 0.72 miss the formula's α = 0.7 by ≈ 0.1, and the same check rejects them
+    assert simulated_tokens(0.72) != pytest.approx(expected_tokens_per_round(0.7, 4), abs=0.01)
 
 
 def brute_force_speedup(alpha, gamma, c):

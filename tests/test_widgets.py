@@ -99,7 +99,11 @@ def test_accept_rule_explorer_updates_its_state_when_sliders_move():
     ex.controls["p"].value = 0.1
     ex.controls["q"].value = 0.5
     assert ex.state["acceptance_probability"] == pytest.approx(0.2)
-    assert 0.1 < ex.state["accepted_fraction"] < 0.3
+    # 200 flips at probability 0.2 (seed 0): standard error 0.028, so ± 0.1 is ≈ 3.5 standard errors
+    assert ex.state["accepted_fraction"] == pytest.approx(0.2, abs=0.1)
+    ex.controls["q"].value = 0.25  # the control: min(1, 0.1 / 0.25) = 0.4, which the same window must reject
+    assert ex.state["accepted_fraction"] != pytest.approx(0.2, abs=0.1)
+    ex.controls["q"].value = 0.5
     ex.controls["flips"].value = 1000
     assert ex.state["flips"] == 1000 and len(ex.state["outcomes"]) == 1000
 

@@ -86,8 +86,8 @@ class VerifyCost:
         self._init(forward, lambda: None, timer)
         return self
 
-    def _init(self, forward, wait, timer=time.perf_counter):
-        self._forward, self._wait, self._timer = forward, wait, timer
+    def _init(self, forward, wait, timer=None):
+        self._forward, self._wait, self._timer = forward, wait, timer or time.perf_counter  # looked up when made
         self.sweeps: list[dict[int, float]] = []  # one {n: t(n) / t(1)} per sweep
         for n in self.ns:  # warm-up, untimed
             forward(n)
