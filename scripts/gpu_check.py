@@ -31,7 +31,8 @@ Sections, each timed, all printed and saved to ``--json``:
   8. with ``--compile``, the peers a Hugging Face user would pick, on the same shapes: ``generate`` with a static
      cache and a compiled forward against our compiled target-only, and assisted generation against our compiled
      draft + target (issue 24's goals: ≥ 1.0× and ≥ 1.5×).
-``--json`` is rewritten after every section, so a run cut off by a time limit keeps what it measured.
+``--json`` is rewritten after every section and every decoding row, so a run cut off by a time limit keeps what it
+measured.
 
 Budget: the default size with ``--compile`` is sized for < 4 minutes on an H100/H200, compiling included. Measured on
 the H200 with ``--compile --quick`` (run 4 in ``assets/results/gpu_h200_2026-11-30``): 163 s in all, of which the
@@ -242,8 +243,13 @@ def speculative_row(check: Check, mode: str, label: str, point, dial, runs: list
             "identical_to_target": divergence is None, "divergence": divergence}
 
 
-def decoding_rows(check: Check, mode: str, drafters: dict, points: list, read_bytes_per_s: float) -> tuple[dict, list]:
+def decoding_rows(check: Check, mode: str, drafters: dict, points: list, read_bytes_per_s: float,
+                  keep=lambda kind, row: None) -> tuple[dict, list]:
     """Target-only and speculative decoding in ``mode``, interleaved: the target-only row and one row per (draft, point).
+
+    ``keep(kind, row)`` is called with each row as it is made (kind "target_only", then "speculative" for each): the
+    runs are interleaved, so no row exists before all are timed, but each speculative row then costs a profiled run
+    (at 7b, compiled), and a time limit in that stretch keeps the rows done.
 
     The dial replays the greedy output of the target *on this mode's path*. A compiled target in bf16 can break a
     near-tie otherwise than the eager one: on the H200 (assets/results/gpu_h200_2026-12-04_lease2) the compiled
@@ -276,8 +282,11 @@ def decoding_rows(check: Check, mode: str, drafters: dict, points: list, read_by
     base["dial_reference"] = [{"noise": noise, "gamma": g, "replays": replays, "divergence_from_target_only":
                                first_divergence(target, prompt, reference_new, reference[prompt.shape[1]:])}
                               for (noise, g), (reference, replays) in settled.items()]
-    rows = [speculative_row(check, mode, label, point, dial, runs[label, point], base, reference_new)
-            for (label, point), dial in dials.items()]
+    keep("target_only", base)
+    rows = []
+    for (label, point), dial in dials.items():
+        rows.append(speculative_row(check, mode, label, point, dial, runs[label, point], base, reference_new))
+        keep("speculative", rows[-1])
     return base, rows
 
 
@@ -361,7 +370,8 @@ def hf_peers(check: Check, drafter, draft, gamma: int, n_new: int, compile_optio
 
 
 def save(out: dict, path: str | None) -> None:
-    """Write what has been measured so far (after every section: a run cut off by a time limit keeps the rest)."""
+    """Write what has been measured so far (after every section and decoding row: a run cut off by a time limit keeps
+    the rest)."""
     if path:
         Path(path).write_text(json.dumps(out, indent=2))
 
@@ -462,6 +472,11 @@ def main(argv=None) -> dict:
     compiled = {}  # label -> its compiled ModelDrafter, made (and so compiled) in the first compiled section
     out["compile"] = {"options": args.compile_options if args.compile else None, "modes": modes}
     out["target_only"], out["speculative"] = [], []
+
+    def keep(kind: str, row: dict) -> None:  # each decoding row saved as it is made: a cut section keeps its rows
+        out[kind].append(row)
+        save(out, args.json)
+
     for i, mode in enumerate(modes, start=4):
         with section(f"{i}. decoding, {mode} (α from the dial; {check.n_new} new tokens, medians of {args.repeats})",
                      seconds):
@@ -471,11 +486,10 @@ def main(argv=None) -> dict:
                                              compile_options=args.compile_options),
                     lambda m=m: ModelDrafter(m), f"draft {label}") for label, m in drafts.items()}
                 out["compile"]["drafts_compiled"] = {label: d.static is not None for label, d in compiled.items()}
-            base, rows = decoding_rows(check, mode, drafts if mode == "eager" else compiled, dial_points(g, args.quick), read)
+            base, rows = decoding_rows(check, mode, drafts if mode == "eager" else compiled, dial_points(g, args.quick), read,
+                                       keep)
             print_decoding(base, rows)
-        out["target_only"].append(base)
-        out["speculative"].extend(rows)
-        save(out, args.json)
+        save(out, args.json)  # the section's time
 
     main_draft = next(iter(drafts.values()))
     if not args.goals:  # --goals: the peers below compare the compiled paths; this eager comparison is an extra

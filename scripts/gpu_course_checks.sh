@@ -13,14 +13,19 @@
 #   DEVICE=cpu SIZE=tiny COMPILE_BACKEND=aot_eager bash scripts/gpu_course_checks.sh 7b
 #                                                 # a CPU rehearsal of the plumbing (see scripts/gpu_wheels.sh)
 #
-# One lease is 15 minutes of device time, the machine's start (a minute or two) included, and one command runs at
-# most 600 s. So: `all` first (timeout_s 600; BUDGET, default 580 s, is what the script plans to use of it: every
-# step's time limit is cut to what is left of BUDGET, counted from the script's start), then, if the machine is still
-# warm (30 s), `smoke` with the time left (each smoke step writes its file as it goes, so a cut run still returns
-# what ran). The 7b stage needs a lease of its own. Every stage writes $OUT/provenance.txt first (date, command,
-# settings, GPU, driver, versions; GIT_COMMIT=... names the commit, since .git does not travel). PYTHON: the
-# interpreter (default python3, the image's). FP16_NEEDS and COLD_NEEDS (default 30 and 60): the seconds of BUDGET
-# that smoke steps 3 and 4 need left to start (the tests set them high to rehearse a skip on any machine).
+# BUDGET (default 580 s) is what a stage plans to use of its call: every step's time limit is cut to what is left of
+# it, counted from the script's start. The lease plan, 900 s of device time in all (the machine goes back 30 s idle):
+#   start ≈ 40 s;
+#   call 1: BUDGET=430 bash scripts/gpu_course_checks.sh all (timeout_s 450);
+#   call 2, only if the tool's `status` shows budget_left_s ≥ 400, sent within 30 s of call 1's return:
+#           BUDGET=360 bash scripts/gpu_course_checks.sh 7b (timeout_s 380);
+#   the bf16 notebooks (SPECDEC_EDU_DTYPE=bf16 ... notebooks) only in a later lease.
+# Every stage writes $OUT/provenance.txt first (date, command, settings, GPU, driver, versions; GIT_COMMIT=<sha>,
+# which scripts/gpu_wheels.sh prints, names the commit, since .git does not travel). PYTHON: the interpreter (default
+# python3, the image's). FP16_NEEDS and COLD_NEEDS (default 60 each): the seconds of BUDGET that smoke steps 3 and 4
+# need left to start (the tests set them high to rehearse a skip).
+# Exit status: 0 all passed; 2 usage, or no Jupyter stack; 3 a step was cut by its own time limit (one line names
+# it; its partial results stay in $OUT); else a failed step's own. Never 124: the device tool reads it as its timeout.
 #
 # The notebooks stage needs the Jupyter stack, which the GPU image lacks: run `bash scripts/gpu_wheels.sh` here
 # first and name .whl in the device tool's `carry`; this script installs what .whl/ holds (into /tmp/site).
@@ -68,13 +73,29 @@ fi
 DEVICE="${DEVICE:-cuda}"
 status=0
 
+# failed STATUS STEP LIMIT CAP: a step's failure goes into $status. An inner `timeout` exits 124 (137: SIGKILL, 10 s
+# after a SIGTERM the step ignored (-k 10), or the kernel's OOM killer); passed out, the device tool would report
+# that as its own timeout (timed_out: true) and invite a rerun with a longer timeout_s. So a cut step is exit 3,
+# with one line that names it and the limit it had.
+failed() {
+  status=$1
+  if (( status == 124 || status == 137 )); then
+    local why="ran out its limit of $3 s"; (( status == 137 )) && why="was killed (exit 137) after its limit of $3 s, or for memory"
+    echo "cut: $2 $why (its cap $4; BUDGET=$BUDGET, $(left) s of it left): exit 3; what it wrote stays in $OUT" \
+      | tee -a "$OUT/provenance.txt"
+    status=3
+  fi
+}
+
 dtype_rule() {  # smoke 1: the dtype rule on this GPU (an H200: bf16, native)
-  timeout "$(limit 60)" "$PY" -c "import sys, torch; from specdec_edu.models.devices import default_dtype, dtype_reason as r; d = torch.device(sys.argv[1]); print(r(d, default_dtype(d)))" "$DEVICE" \
-    2>&1 | tee "$OUT/dtype.txt" || status=$?
+  local t; t=$(limit 60)
+  timeout -k 10 "$t" "$PY" -c "import sys, torch; from specdec_edu.models.devices import default_dtype, dtype_reason as r; d = torch.device(sys.argv[1]); print(r(d, default_dtype(d)))" "$DEVICE" \
+    2>&1 | tee "$OUT/dtype.txt" || failed $? "smoke 1 (dtype rule)" "$t" "60 s"
 }
 
 compile_failure() {  # smoke 2: a compiler failure: both models fall back to eager, one warning each, same tokens
-  timeout "$(limit 90)" "$PY" - "$DEVICE" <<'EOF' 2>&1 | tee "$OUT/compile_failure.txt" || status=$?
+  local t; t=$(limit 90)
+  timeout -k 10 "$t" "$PY" - "$DEVICE" <<'EOF' 2>&1 | tee "$OUT/compile_failure.txt" || failed $? "smoke 2 (compile failure)" "$t" "90 s"
 import sys, warnings
 import torch
 sys.path.insert(0, "tests")
@@ -97,9 +118,16 @@ EOF
 }
 
 fp16_report() {  # smoke 3: forced fp16, on the embedded pair's shapes (compiled on CUDA): the fp16 check, a report
-  if (( $(left) < ${FP16_NEEDS:-30} )); then echo "smoke 3 (fp16 gpu-report) skipped: $(left) s of BUDGET left" | tee "$OUT/gpu_report_fp16.txt"; return; fi
-  SPECDEC_EDU_DTYPE=fp16 timeout "$(limit 150)" "$PY" -m specdec_edu gpu-report --quick --pair embedded 2>&1 \
-    | tee "$OUT/gpu_report_fp16.txt" || status=$?
+  # it took ≈ 100 s on the H200 on 2026-12-04, when inductor compiled the pair; the default path now records CUDA
+  # graphs without a compiler (a first token in 14 s under two CPUs), so 60 s. With less left it would only be cut.
+  local need="${FP16_NEEDS:-60}" t
+  if (( $(left) < need )); then
+    echo "smoke 3 (fp16 gpu-report) skipped: $(left) s of BUDGET left, it needs $need s (FP16_NEEDS)" | tee "$OUT/gpu_report_fp16.txt"
+    return
+  fi
+  t=$(limit 150)
+  SPECDEC_EDU_DTYPE=fp16 timeout -k 10 "$t" "$PY" -m specdec_edu gpu-report --quick --pair embedded 2>&1 \
+    | tee "$OUT/gpu_report_fp16.txt" || failed $? "smoke 3 (fp16 gpu-report)" "$t" "150 s"
 }
 
 cold_start() {  # smoke 4: cold start under two CPUs (a Colab proxy), with each path's step after it. The default path
@@ -107,9 +135,14 @@ cold_start() {  # smoke 4: cold start under two CPUs (a Colab proxy), with each 
   # assets/results/gpu_h200_2026-12-04_lease2), then eager, the fast start to weigh against, then inductor with CUDA
   # graphs, the slowest (175.5 s cold there); the rows print (and the JSON is saved) as they come, so a timeout
   # keeps the finished rows
-  if (( $(left) < ${COLD_NEEDS:-60} )); then echo "smoke 4 (cold start) skipped: $(left) s of BUDGET left" | tee "$OUT/cold_start.txt"; return; fi
-  timeout "$(limit 400)" "$PY" scripts/cold_start.py --device "$DEVICE" --paths "${COLD_PATHS:-default,eager,reduce-overhead}" \
-    --cpus "0,1" --json "$OUT/cold_start.json" 2>&1 | tee "$OUT/cold_start.txt" || status=$?
+  local need="${COLD_NEEDS:-60}" t
+  if (( $(left) < need )); then
+    echo "smoke 4 (cold start) skipped: $(left) s of BUDGET left, it needs $need s (COLD_NEEDS)" | tee "$OUT/cold_start.txt"
+    return
+  fi
+  t=$(limit 400)
+  timeout -k 10 "$t" "$PY" scripts/cold_start.py --device "$DEVICE" --paths "${COLD_PATHS:-default,eager,reduce-overhead}" \
+    --cpus "0,1" --json "$OUT/cold_start.json" 2>&1 | tee "$OUT/cold_start.txt" || failed $? "smoke 4 (cold start)" "$t" "400 s"
 }
 
 notebooks() {  # the notebooks on CUDA, quick, in a scratch folder, then one archive (the committed notebooks stay as they are)
@@ -126,13 +159,13 @@ notebooks() {  # the notebooks on CUDA, quick, in a scratch folder, then one arc
   # instead of holding its worker to the deadline.
   local deadline="${DEADLINE:-$(( $(left) - 40 ))}"
   rm -rf /tmp/executed && mkdir -p /tmp/executed  # only this call's copies go into the archive
-  local rc=0
-  timeout "$(( deadline + 20 ))" "$PY" scripts/execute_notebooks.py --scratch --quick --jobs "${JOBS:-4}" \
+  local rc=0 t=$(( deadline + 20 ))
+  timeout -k 10 "$t" "$PY" scripts/execute_notebooks.py --scratch --quick --jobs "${JOBS:-4}" \
     --deadline "$deadline" --timeout "${CELL_TIMEOUT:-240}" --retries 1 --out /tmp/executed "$@" 2>&1 | tee "$OUT/notebooks.txt" || rc=$?
-  if (( rc == 124 )); then  # the backstop fired: the kernels run in sessions of their own and would outlive it
-    pkill -f ipykernel_launcher 2>/dev/null || true
+  if (( rc == 124 || rc == 137 )); then  # the backstop fired: the kernels run in sessions of their own and would outlive it
+    pkill -f ipykernel_launcher 2>/dev/null || true  # (on the lent machine, which runs nothing else)
   fi
-  (( rc == 0 )) || status=$rc
+  (( rc == 0 )) || failed "$rc" "notebooks (the backstop)" "$t" "DEADLINE $deadline s + 20 s"
   tar -czf "$OUT/notebooks.tgz" -C /tmp executed
 }
 
@@ -151,11 +184,12 @@ notebooks)
   # issue 24's 7b goals (--goals: the compiled draft + target rows and the compiled peers only; run 4's compiled
   # section did not finish after the eager ones): the head sharpened (--head-scale 20, the default) and 3
   # interleaved repeats, α(run) beside each prediction, then HF's static-cache compiled generate and its assisted
-  # generation. The JSON is rewritten after every section, so a timeout keeps what was measured.
+  # generation. The JSON is rewritten after every section and every decoding row, so a timeout keeps what was measured.
   # SIZE=tiny DEVICE=cpu COMPILE_BACKEND=aot_eager rehearses it on a CPU (inductor would compile C++ for minutes).
-  timeout "$(limit 590)" "$PY" scripts/gpu_check.py --size "${SIZE:-7b}" --device "$DEVICE" --compile --goals --quick \
+  t=$(limit 590)
+  timeout -k 10 "$t" "$PY" scripts/gpu_check.py --size "${SIZE:-7b}" --device "$DEVICE" --compile --goals --quick \
     --repeats 3 --compile-backend "${COMPILE_BACKEND:-inductor}" --json "$OUT/gpu_check_7b.json" 2>&1 \
-    | tee "$OUT/gpu_check_7b.txt" || status=$?
+    | tee "$OUT/gpu_check_7b.txt" || failed $? "7b (scripts/gpu_check.py)" "$t" "590 s"
   ;;
 esac
 echo "stage $STAGE: exit $status after $SECONDS s of BUDGET $BUDGET" | tee -a "$OUT/provenance.txt"

@@ -13,7 +13,9 @@
 #   - packages the image already has (attrs, packaging, psutil, pygments, python-dateutil, typing-extensions);
 #   - widgetsnbextension and jupyterlab_widgets: the front end's half of the widgets, never imported by a kernel;
 #   - debugpy, jedi and parso (10 MB): ipykernel runs without a debugger and IPython without jedi's completion.
-# The working tree travels with these wheels and must stay under 64 MiB: the script prints the total.
+# The working tree (tracked files and untracked ones git does not ignore) travels with these wheels and must stay under
+# 64 MiB: the script prints the total. Last it prints GIT_COMMIT=<sha> for gpu_course_checks.sh's provenance (.git
+# does not travel), and a warning when the tree that travels is not that commit (`git status --porcelain`).
 #
 # The CPU rehearsal of that stage, in a venv that holds only what the image holds:
 #   python3 -m venv /tmp/gpulike && /tmp/gpulike/bin/pip install torch==2.13.0 transformers==5.17.0 numpy scipy \
@@ -44,6 +46,19 @@ python3 -m pip download -q --only-binary=:all: --python-version "$PY" --implemen
 for name in "${ON_THE_IMAGE[@]}" "${NOT_NEEDED[@]}"; do
   rm -f "$WHEELS/$name"-*.whl
 done
-bytes() { xargs -0 stat -c %s | awk '{ s += $1 } END { print s }'; }
+bytes() { xargs -0 -r stat -c %s -- 2>/dev/null | awk '{ s += $1 } END { print s + 0 }'; }  # (a deleted file: none)
 echo "$(ls "$WHEELS"/*.whl | wc -l) wheels in $WHEELS: $(printf '%s\0' "$WHEELS"/*.whl | bytes) bytes;" \
-  "the tracked tree: $(git ls-files -z | bytes) bytes (what travels, both together, must stay under 67108864)"
+  "the tree that travels (tracked, and untracked but not ignored):" \
+  "$(git ls-files -z --cached --others --exclude-standard | bytes) bytes (both together must stay under 67108864)"
+# The commit that names the run: the working tree travels, .git does not, so GIT_COMMIT=<sha> is true only of a
+# clean tree (tracked edits and untracked files that are not ignored travel too)
+sha="$(git rev-parse HEAD)"
+echo "GIT_COMMIT=$sha"
+dirty="$(git status --porcelain)"
+if [[ -n "$dirty" ]]; then
+  {
+    echo "WARNING: the working tree is not commit $sha: $(wc -l <<<"$dirty") path(s) differ (git status --porcelain):"
+    head -n 20 <<<"$dirty"
+    echo "WARNING: GIT_COMMIT=$sha would name code that did not run: commit first, then run this script again"
+  } >&2
+fi

@@ -164,6 +164,29 @@ def test_a_run_cut_off_keeps_what_it_measured(gpu_check, tmp_path, monkeypatch):
     assert saved["versions"]["torch"] and len(saved["section_seconds"]) == 4  # bandwidth, latency, c, eager decoding
 
 
+def test_a_run_cut_in_a_decoding_section_keeps_the_rows_it_made(gpu_check, tmp_path, monkeypatch):
+    """At 7b the one decoding section (compiling three models, then a profiled run per row: ≈ 210 s) can be cut by
+    the stage's BUDGET; the JSON was written only when the section ended, so a cut lost every row of it. Each row is
+    now saved as it is made: cut while making the second speculative row, the target-only row and the first
+    speculative row are on disk."""
+    real, made = gpu_check.speculative_row, []
+
+    def cut_at_the_second(*args, **kwargs):
+        if made:
+            raise TimeoutError("the run's time limit")
+        made.append(real(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(gpu_check, "speculative_row", cut_at_the_second)
+    path = tmp_path / "gpu.json"
+    with pytest.raises(TimeoutError):
+        gpu_check.main(TINY + ["--quick", "--json", str(path)])
+    saved = json.loads(path.read_text())
+    assert [r["mode"] for r in saved["target_only"]] == ["eager"]
+    assert saved["speculative"] == json.loads(json.dumps(made)) and made[0]["draft"] == "1x32"
+    assert len(saved["section_seconds"]) == 3  # bandwidth, latency, c: the decoding section did not end
+
+
 def test_the_eager_section_pays_an_eager_draft_where_generation_compiles_by_default(gpu_check, tmp_path, monkeypatch):
     """Section 4 ("decoding, eager") hands the dial bare draft models; on CUDA a bare model's default is compiled, so
     the eager rows paid a compiled draft (c ≈ 0.18 where run 4 measured 1.35 eager). $SPECDEC_EDU_COMPILE=1 stands in

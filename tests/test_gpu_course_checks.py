@@ -2,17 +2,37 @@
 work, write its provenance first, and keep every step inside the time it was given (rehearsed here on the CPU)."""
 
 import os
+import re
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_course_checks.sh"
+WHEELS = ROOT / "scripts" / "gpu_wheels.sh"
 
 
 def run(*args, **env):
     return subprocess.run(["bash", str(SCRIPT), *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHON": sys.executable, **env})
+
+
+def fake_python(tmp_path, cases=""):
+    """A PYTHON that runs no Python: ``cases`` (bash case arms) stand in for the steps, matched by their arguments;
+    any other call (the versions, the dtype rule, ...) prints a line and succeeds, in no time."""
+    path = tmp_path / "python"
+    path.write_text(f'''#!/usr/bin/env bash
+case "$*" in
+{cases}
+  *) echo "fake python: ${{1:-}}" ;;
+esac
+''')
+    path.chmod(0o755)
+    return str(path)
 
 
 def test_no_stage_or_a_wrong_one_prints_the_usage_and_does_no_work(tmp_path):
@@ -50,3 +70,76 @@ def test_the_cold_stage_runs_the_cold_start_alone(tmp_path):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "skipped" in (out / "cold_start.txt").read_text() and not (out / "compile_failure.txt").exists()
     assert "stage cold: exit 0" in (out / "provenance.txt").read_text()
+
+
+@pytest.mark.parametrize("stage, step, cases", [
+    # a step that ignores SIGTERM: `timeout -k 10` kills it 10 s after its limit (exit 137), not the tool's limit
+    ("cold", "smoke 4 (cold start)", "  *cold_start.py*) trap '' TERM; exec sleep 40 ;;"),
+    ("7b", "7b (scripts/gpu_check.py)", "  *gpu_check.py*) exec sleep 40 ;;"),  # stopped by SIGTERM: timeout's 124
+], ids=["ignores-SIGTERM", "stopped-by-SIGTERM"])
+def test_a_step_cut_by_its_own_limit_exits_3_and_says_which(tmp_path, stage, step, cases):
+    """The device tool reads a command's 124 (or 137) as its own timeout (timed_out: true), so an inner `timeout`'s
+    124, passed out, sent the operator to rerun with a longer timeout_s. A cut step is now exit 3, with one line that
+    names it and its limit (here BUDGET=5 leaves it the 5 s floor), and the stage's end is still recorded."""
+    out = tmp_path / "out"
+    start = time.monotonic()
+    done = run(stage, OUT=str(out), PYTHON=fake_python(tmp_path, cases), DEVICE="cpu", BUDGET="5", COLD_NEEDS="0")
+    assert time.monotonic() - start < 32  # 5 s, then SIGKILL 10 s later; not the 40 s the step would take
+    assert done.returncode == 3, done.stdout[-2000:] + done.stderr[-2000:]
+    provenance = (out / "provenance.txt").read_text()
+    assert re.search(rf"cut: {re.escape(step)} (ran out|was killed .* after) its limit of [5-9] s", provenance), provenance
+    assert f"stage {stage}: exit 3" in provenance
+
+
+def test_the_fp16_report_starts_only_with_the_time_it_took_on_the_h200_left(tmp_path):
+    """It took ≈ 100 s on the H200 on 2026-12-04 (inductor compiling); it started when 30 s were left (the old
+    FP16_NEEDS), only to be cut. Now it needs 60 s (the default path records CUDA graphs without a compiler). The skip
+    says how much was left and how much it needs; with enough left it runs."""
+    cases = "  *gpu-report*) echo 'gpu-report ran' ;;"
+    for budget, ran in (("50", False), ("200", True)):
+        out = tmp_path / budget
+        done = run("smoke", OUT=str(out), PYTHON=fake_python(tmp_path, cases), BUDGET=budget, COLD_NEEDS="1000")
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        report = (out / "gpu_report_fp16.txt").read_text()
+        if ran:
+            assert report == "gpu-report ran\n"
+        else:
+            assert re.fullmatch(r"smoke 3 \(fp16 gpu-report\) skipped: (4\d|50) s of BUDGET left, it needs 60 s "
+                                r"\(FP16_NEEDS\)\n", report), report
+
+
+def test_gpu_wheels_names_the_commit_and_warns_when_the_tree_that_travels_is_not_it(tmp_path):
+    """.git does not travel, so GIT_COMMIT names the code that ran only if the tree is that commit: the script prints
+    the sha, and a warning when tracked edits or untracked files that git does not ignore (they travel too) differ.
+    Its size counts those untracked files (it counted tracked ones only). pip is faked: a wheel appears, no network."""
+    repo, bin_ = tmp_path / "repo", tmp_path / "bin"
+    (repo / "scripts").mkdir(parents=True)
+    bin_.mkdir()
+    shutil.copy(WHEELS, repo / "scripts" / "gpu_wheels.sh")
+    (repo / ".gitignore").write_text("/.whl/\n")
+    (repo / "a.txt").write_text("a" * 1000)
+    (bin_ / "python3").write_text('''#!/usr/bin/env bash
+while (( $# )); do [[ $1 == -d ]] && d=$2; shift; done
+printf '%0100d' 0 > "$d/nbclient-1.0-py3-none-any.whl"
+''')
+    (bin_ / "python3").chmod(0o755)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "x"]):
+        subprocess.run(git + args, cwd=repo, check=True, capture_output=True)
+    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
+    env = {**os.environ, "PATH": f"{bin_}{os.pathsep}{os.environ['PATH']}"}
+
+    def wheels():
+        done = subprocess.run(["bash", "scripts/gpu_wheels.sh"], cwd=repo, capture_output=True, text=True, timeout=60, env=env)
+        assert done.returncode == 0, done.stdout + done.stderr
+        travels = int(re.search(r"not ignored\): (\d+) bytes", done.stdout).group(1))
+        return done, travels
+
+    tracked = sum(p.stat().st_size for p in (repo / "scripts" / "gpu_wheels.sh", repo / ".gitignore", repo / "a.txt"))
+    done, travels = wheels()
+    assert done.stdout.rstrip().endswith(f"GIT_COMMIT={sha}") and "WARNING" not in done.stderr
+    assert "1 wheels in .whl: 100 bytes" in done.stdout and travels == tracked
+    (repo / "b.txt").write_text("b" * 5000)  # untracked, not ignored: it travels
+    done, travels = wheels()
+    assert f"GIT_COMMIT={sha}" in done.stdout and travels == tracked + 5000
+    assert "WARNING: the working tree is not commit" in done.stderr and "?? b.txt" in done.stderr
