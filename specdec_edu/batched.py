@@ -92,7 +92,9 @@ class Batch:
 
     def draft(self, gamma_round: int):
         """Drafts ``[B, γ]`` and q ``[B, γ, V]``: the draft reads what it has not, then drafts γ tokens per row."""
-        if self.outgrown:  # it could not read what it has not: target-only rounds to the end (γ is 0 there anyway)
+        # Outgrown: it could not read what it has not, so target-only rounds to the end (no drafts, even where γ is
+        # above 0 again once the outgrown row has stopped)
+        if self.outgrown:
             self.q_not_finite = torch.zeros((), dtype=torch.bool, device=self.newest.device)
             return no_drafts(self.vocab_size, self.newest.device, self.newest.shape)
         logits = self.draft_logits(*self.unread)
@@ -198,7 +200,7 @@ def batched_speculative_generate(target, drafter: ModelDrafter, input_ids, atten
         gamma_round = round_gamma(gamma, generating, draft_limit)
         longest = max(row.length for row in generating)
         if draft_limit is not None and not loop.outgrown and longest > draft_limit:
-            past_draft_limit(longest, draft_limit)  # γ is 0 from here: said once
+            past_draft_limit(longest, draft_limit)  # no drafting from here: said once
             loop.outgrown = True
         drafts, n, next_token, phases = speculative_round(loop, gamma_round, config, accept_fn, generator, clock)
         # The draft reads each row's next token in the next round: one it has no embedding row for (a target with a

@@ -157,7 +157,7 @@ def propose_checked(drafter, context, gamma, to_probs, generator, device, vocab_
     propose a token it gave q = 0?) are checked on the device and returned as flags
     ``[2]`` (``RoundErrors``' last two) that the round reads together with its decision,
     so checking costs no sync.
-    Returns drafts ``[γ']`` and q ``[γ', V]`` (zero-padded to the target's V), on ``device``.
+    Returns drafts ``[γ']``, q ``[γ', V]`` (zero-padded to the target's V) and those flags ``[2]``, on ``device``.
     """
     drafts, q = drafter.propose(context, gamma, to_probs, generator)
     name = type(drafter).__name__

@@ -172,9 +172,9 @@ def _takes_cache_position(forward_fn) -> bool:
 
 
 def forward_cached(model: torch.nn.Module, input_ids: torch.Tensor, cache, **kwargs):
-    """Run ``model`` on ``input_ids`` ``[1, n]``, appending their keys/values to ``cache``.
+    """Run ``model`` on ``input_ids`` ``[B, n]`` (``[1, n]`` for a ``StaticKV``), appending their keys/values to ``cache``.
 
-    Positions continue from the cache length, so the caller only passes new tokens.
+    Positions continue from the cache length unless ``position_ids`` is passed, so the caller only passes new tokens.
     ``cache`` is a ``DynamicCache`` (``new_cache``) or a ``StaticKV`` (``new_static_cache``);
     a compiled ``StaticKV`` runs the compiled code (``forward_compiled``), whatever n.
     Returns the model's output object (``.logits`` for a causal LM,
@@ -582,8 +582,8 @@ def shared_static_cache(model: torch.nn.Module, min_len: int, compile_options: d
     (and compiles again, once). The store holds models weakly: it never keeps a model alive.
     Two ``ModelDrafter``s of one model share its draft cache: each marks it as its own
     (``StaticKV.holder``) and starts over when it finds the other's mark. If compiling fails, the
-    failure is remembered: a later call with the same options raises at once (chained to the first
-    error) instead of spending the compile time again before the caller falls back to eager.
+    failure is remembered: a later call with the same options raises at once (its message quotes the
+    first error's) instead of spending the compile time again before the caller falls back to eager.
     """
     caches = _shared.setdefault(model, {})
     static, options = caches.get(role), full_compile_options(model.device, compile_options)

@@ -7,8 +7,8 @@ papers; the data structures here are plain numpy arrays, not a suffix tree of Py
 Two indexes answer one question, "where did the last m tokens occur before, and what came next?":
 
 * :class:`RequestIndex`: the current request (prompt + tokens generated so far). A dict from each
-  n-gram (n = 1 … ``max_match``) to the positions where it ended, grown by O(max_match) work per new
-  token. It subsumes prompt lookup's matching.
+  n-gram (n = 1 … ``max_match``) to the positions where it ended, grown by O(max_match) dict updates
+  (O(max_match²) token copies, to build their keys) per new token. It subsumes prompt lookup's matching.
 * :class:`CorpusIndex`: earlier outputs of the target (for the embedded target, its own answers in
   ``assets/feature_data``). A suffix array of the *reversed* token stream, so that the context's
   suffix, read backwards, is a prefix to look up: each extra matched token narrows one contiguous
@@ -185,7 +185,7 @@ class _Chunk:
         self.start, self.stop = start, stop
         rev = stream[start:stop][::-1].astype(np.int32)
         self.sa = reversed_suffix_array(stream[start:stop], depth) if sa is None else sa
-        # rev, padded with `depth` separators so that sa[j] + k never runs off the end
+        # rev, padded with `depth + 1` separators so that sa[j] + k never runs off the end
         self.rev = np.concatenate([rev, np.full(depth + 1, SEPARATOR, np.int32)])
         self._sa_view, self._rev_view = memoryview(self.sa), memoryview(self.rev)  # fast scalar reads for bisection
 

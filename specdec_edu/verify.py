@@ -89,9 +89,10 @@ def greedy_verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor) -> to
     """The rule at temperature 0, on the device: ``[..., 2]`` = (n_accepted, next_token).
 
     Greedy p is one-hot at the target's argmax, so min(1, p/q) is 1 for the argmax and
-    0 for anything else, and the residual max(0, p − q) is one-hot at the argmax too,
-    *whatever q is*. The rule therefore reduces to: keep drafts while they equal the
-    target's argmax, then emit the argmax. No softmax, no random numbers.
+    0 for anything else, and the residual max(0, p − q) is one-hot at the argmax too
+    wherever a rejection is possible (q(argmax) < 1), *whatever else q is*. The rule
+    therefore reduces to: keep drafts while they equal the target's argmax, then emit the
+    argmax. No softmax, no random numbers.
     Shapes: target_logits ``[..., γ+1, V]``, draft_tokens ``[..., γ]`` (``...``: one prompt, or B rows).
     """
     choice = target_logits.argmax(-1)  # [..., γ+1] the target's greedy token at every position
