@@ -269,7 +269,7 @@ def _read_config(file: Path) -> dict:
         problem = f"is not JSON ({exc})"
     else:
         shape = {"kind": str, "args": dict, "target": dict}
-        missing = [key for key, kind in shape.items() if not isinstance(config, dict) or not isinstance(config.get(key), kind)]
+        missing = [key for key, want in shape.items() if not isinstance(config, dict) or not isinstance(config.get(key), want)]
         if not missing:
             return config
         problem = "lacks " + ", ".join(f"{key!r} ({shape[key].__name__})" for key in missing)

@@ -282,14 +282,14 @@ def ensure_embedded_target() -> Path:
     return target
 
 
-def _sweep_stale_staging(root: Path, now: float | None = None) -> None:
+def _sweep_stale_staging(root: Path) -> None:
     """Remove the staging folders of builds that were killed (out of memory, SIGKILL) before their cleanup ran.
 
     A killed build leaves up to ~1 GB (the wheel and a half-written model) that nothing else would ever remove.
     Another process may be building right now, so only folders in which nothing was written for
     ``STALE_STAGING_SECONDS`` go.
     """
-    now = time.time() if now is None else now
+    now = time.time()
     for staging in root.glob(STAGING_PREFIX + "*") if root.is_dir() else ():
         try:
             newest = max(p.stat().st_mtime for p in [staging, *staging.rglob("*")])
