@@ -69,7 +69,9 @@ class Batch:
         self.target_cache = kv.new_cache(target)
         self.draft_cache = kv.new_cache(drafter.model)
         self.target_mask, self.draft_mask = mask[:, :0], mask[:, :0]
-        self.unread = ids, mask  # the draft has read nothing yet: the whole prompts
+        # the draft has read nothing yet: the whole prompts. Padding is fed as id 0, which every vocabulary has (the
+        # pad id was checked against the target's embedding only; a smaller draft may lack it)
+        self.unread = ids.masked_fill(mask == 0, 0), mask
         self.newest = ids[:, -1]  # left padding: the last column is real for every row
         self.prompts, self.prompt_mask = ids, mask
         self.generating = torch.ones_like(self.newest)  # [B] 1 for rows still generating, 0 for finished ones
@@ -97,7 +99,11 @@ class Batch:
         if self.outgrown:
             self.q_not_finite = torch.zeros((), dtype=torch.bool, device=self.newest.device)
             return no_drafts(self.vocab_size, self.newest.device, self.newest.shape)
-        logits = self.draft_logits(*self.unread)
+        # Masked with the rows still generating now: a row that stopped last round is fed nothing (its last tokens
+        # may lie past the draft's positions, or be ids the draft cannot read)
+        ids, new_mask = self.unread
+        live = self.generating[:, None]
+        logits = self.draft_logits(ids * live, new_mask * live)
         drafts, q = draft_loop(logits, gamma_round, self.config.to_probs, self.generator, self.draft_step)
         # NaN in q means NaN/inf draft logits (greedy to_probs puts a NaN there too): read with the round's decision
         self.q_not_finite = ~torch.isfinite(q).all()
@@ -203,14 +209,15 @@ def batched_speculative_generate(target, drafter: ModelDrafter, input_ids, atten
             past_draft_limit(longest, draft_limit)  # no drafting from here: said once
             loop.outgrown = True
         drafts, n, next_token, phases = speculative_round(loop, gamma_round, config, accept_fn, generator, clock)
-        # The draft reads each row's next token in the next round: one it has no embedding row for (a target with a
-        # padded head) is refused here, on the host, as one prompt's loop does (on a GPU the lookup would stop the process)
-        check_draft_can_read(drafter.model, torch.tensor([t for row, t in zip(rows, next_token) if not row.stats.stopped_by]))
         batch.rounds += 1
         batch.record_times(phases, profile)
         for row, row_drafts, row_n, row_next in zip(rows, drafts, n, next_token):
             if not row.stats.stopped_by:
                 row.add(row_drafts, row_n, row_next, phases)
+        # The draft reads the next token of each row still generating in the next round: one it has no embedding row
+        # for (a target with a padded head) is refused here, on the host, as one prompt's loop does (on a GPU the
+        # lookup would stop the process). A row that has just stopped is not read, so its last token may be any id.
+        check_draft_can_read(drafter.model, torch.tensor([t for row, t in zip(rows, next_token) if not row.stats.stopped_by]))
     batch.seconds = clock.elapsed()
     return _result(input_ids, rows, batch, config.pad_token_id)
 

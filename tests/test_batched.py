@@ -3,7 +3,9 @@ target's distribution (sampling)."""
 
 import pytest
 import torch
+from conftest import tiny_llama
 from test_greedy import PROMPTS, reference
+from test_kv_safety import gpt2
 from test_sequence_exactness import PROMPT, SETTINGS, THRESHOLD, exact_distribution, pvalue
 
 from specdec_edu import autoregressive_generate, speculative_generate
@@ -54,6 +56,46 @@ def test_batched_per_row_eos_and_limits(target, close_draft):
     assert [len(s) for s in out.token_sources] == out.lengths
     for sources, stats in zip(out.token_sources, out.row_stats):
         assert sources.count("accepted") == stats.accepted
+
+
+def alone(target, prompts, **kwargs):
+    """Each prompt's greedy continuation, target-only, decoded alone: what every row of a batch must equal."""
+    return [autoregressive_generate(target, torch.tensor(p)[None], **kwargs).row(0).tolist() for p in prompts]
+
+
+def test_a_row_that_stops_past_the_draft_models_positions_does_not_end_the_batch():
+    """Row A (12 tokens) stops on EOS at its 5th new token, 17 positions, past a 16-position GPT-2 draft; row B
+    goes on. The finished row's last tokens must not be fed to the draft. Before: they were (the batch's flags
+    dated from before the round), and the draft's position lookup raised IndexError, losing both rows."""
+    target, draft = tiny_llama(seed=0), gpt2(seed=0, n_positions=16)
+    prompts = [[50, 60, 19, 60, 53, 56, 57, 6, 36, 46, 12, 49], [5, 9, 3, 7]]
+    eos = alone(target, prompts[:1], max_new_tokens=8)[0][4]
+    ids, mask = left_pad([torch.tensor(p) for p in prompts])
+    out = speculative_generate(target, draft, ids, attention_mask=mask, max_new_tokens=12, gamma=4, eos_token_id=eos)
+    assert out.lengths[0] == 5 and out.row_stats[0].stopped_by == "eos" and out.lengths[1] == 12  # the case meant
+    assert [out.row(i).tolist() for i in range(2)] == alone(target, prompts, max_new_tokens=12, eos_token_id=eos)
+
+
+def test_a_row_that_stops_on_an_id_the_draft_lacks_does_not_end_the_batch():
+    """A draft with 48 token ids under a 64-id target (allowed: q = 0 on the rest). Row A's first token is 63, the
+    EOS: A is done, and its 63 is never read. Before: the batch checked A's last token for the draft anyway and
+    raised "the context holds token id 63, which the draft model cannot read", which A alone never does."""
+    target, draft = tiny_llama(seed=0), tiny_llama(seed=1, vocab_size=48)
+    prompts = [[45, 27, 40, 16, 24], [45, 21, 46, 41, 16]]
+    ids = torch.tensor(prompts)
+    out = speculative_generate(target, draft, ids, max_new_tokens=12, gamma=4, eos_token_id=63)
+    assert out.row(0).tolist() == [63] and out.lengths[1] == 12  # the case meant
+    assert [out.row(i).tolist() for i in range(2)] == alone(target, prompts, max_new_tokens=12, eos_token_id=63)
+
+
+def test_padding_with_an_id_the_draft_lacks_is_never_read_by_the_draft():
+    """The pad id (60) is checked against the target's embedding; a 48-id draft lacks it. Masked padding must not
+    be looked up. Before: the draft embedded it, IndexError (a device assert on CUDA)."""
+    target, draft = tiny_llama(seed=0), tiny_llama(seed=1, vocab_size=48)
+    prompts = [[5, 9, 3], [4, 8, 2, 6, 1]]
+    ids, mask = left_pad([torch.tensor(p) for p in prompts], pad=60)
+    out = speculative_generate(target, draft, ids, attention_mask=mask, max_new_tokens=4, gamma=3, pad_token_id=60)
+    assert [out.row(i).tolist() for i in range(2)] == alone(target, prompts, max_new_tokens=4)
 
 
 def batched_samples(target, draft, settings, **kwargs):
