@@ -52,6 +52,10 @@ __all__ = ["speculative_generate", "autoregressive_generate", "compiles_by_defau
 
 def validate_prompts(target, input_ids, attention_mask, generator):
     """Check the prompts (and the generator) against the target; return ids ``[B, n]`` and mask ``[B, n]`` on its device."""
+    for name, value in (("input_ids", input_ids), ("attention_mask", attention_mask)):
+        if value is not None and not isinstance(value, torch.Tensor):
+            raise ValueError(f"{name} is a {type(value).__name__}, not a torch tensor: pass torch.tensor([...]) or a "
+                             "tokenizer's output with return_tensors='pt'.")
     if input_ids.dim() == 1:
         input_ids = input_ids[None]
         attention_mask = attention_mask[None] if attention_mask is not None and attention_mask.dim() == 1 else attention_mask

@@ -142,4 +142,9 @@ def accept(rule: AcceptRule, p: torch.Tensor, q: torch.Tensor, drafts: torch.Ten
     if drafts.dim() == 2:
         return torch.stack([accept(rule, p[i], q[i], drafts[i], generator) for i in range(len(drafts))])
     # verify_drafts returns a device tensor; a rule under test (course.controls) may return Python ints
-    return torch.stack([torch.as_tensor(v, device=p.device).long() for v in rule(p, q, drafts, generator)])
+    values = [torch.as_tensor(v, device=p.device).long() for v in rule(p, q, drafts, generator)]
+    if len(values) != 2 or any(v.numel() != 1 for v in values):  # shapes only: no read from the device
+        raise ValueError(f"accept_fn must return (n, next_token), two integers (ints or one-element tensors); "
+                         f"{getattr(rule, '__name__', rule)!r} returned {len(values)} value(s) of shapes "
+                         f"{[tuple(v.shape) for v in values]}. See verify.verify_drafts for the signature.")
+    return torch.stack([v.reshape(()) for v in values])

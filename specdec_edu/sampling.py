@@ -19,6 +19,13 @@ import torch
 
 def check_sampling_args(temperature: float, top_k: int, top_p: float) -> None:
     """Raise ``ValueError`` (naming the fix) for sampling settings that make no sense."""
+    # None is how Hugging Face spells "off" in a generation config; here "off" is a number (top_k=0, top_p=1.0)
+    for name, value, off in (("temperature", temperature, "temperature=0 (greedy) or a temperature > 0"),
+                             ("top_k", top_k, "top_k=0 to disable top-k"), ("top_p", top_p, "top_p=1.0 to disable it")):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise ValueError(f"{name}={value!r} is not a number: use {off}.")
+    if not isinstance(top_k, numbers.Integral):
+        raise ValueError(f"top_k={top_k!r} is not an int: top-k keeps k tokens (top_k=0 disables it).")
     if not math.isfinite(temperature):  # NaN passes `< 0`, then every p is NaN and the sampler returns token 0 forever
         raise ValueError(f"temperature={temperature} is not finite: use a finite temperature > 0 to sample, "
                          "or temperature=0 (do_sample=False) for greedy decoding.")

@@ -44,12 +44,30 @@ def test_vocabulary_mismatch(target):
         (dict(do_sample=True, temperature=-0.5), "temperature=0"),
         (dict(do_sample=True, top_k=-3), "top_k=0"),
         (dict(do_sample=True, temperature=float("nan")), "finite temperature"),
+        # Hugging Face's "off" (None) and a float k: were bare TypeErrors from a comparison or from torch.topk
+        (dict(do_sample=True, top_k=None), r"top_k=None is not a number: use top_k=0"),
+        (dict(do_sample=True, top_p=None), r"top_p=None is not a number: use top_p=1.0"),
+        (dict(do_sample=True, temperature=None), r"temperature=None is not a number: use temperature=0"),
+        (dict(do_sample=True, top_k=2.0), r"top_k=2.0 is not an int"),
         (dict(pad_token_id=None), "pad_token_id=tokenizer.eos_token_id"),  # was a TypeError after the whole generation
     ],
 )
 def test_bad_arguments(target, draft, kwargs, fix):
     with pytest.raises(ValueError, match=fix):
         spec(target, draft, **kwargs)
+
+
+def test_prompts_that_are_not_tensors_are_named(target, draft):
+    """A list or a numpy array of ids (before: AttributeError "'list' object has no attribute 'dim'")."""
+    import numpy as np
+
+    for ids in ([[1, 5, 9]], np.array([[1, 5, 9]])):
+        with pytest.raises(ValueError, match=r"input_ids is a (list|ndarray), not a torch tensor: pass torch.tensor"):
+            spec(target, draft, ids)
+        with pytest.raises(ValueError, match=r"input_ids is a (list|ndarray), not a torch tensor"):
+            autoregressive_generate(target, ids, max_new_tokens=2)
+    with pytest.raises(ValueError, match=r"attention_mask is a list, not a torch tensor"):
+        spec(target, draft, torch.tensor([[1, 5, 9]]), attention_mask=[[1, 1, 1]])
 
 
 def test_a_numpy_integer_gamma_is_a_gamma(target, draft):
@@ -211,6 +229,19 @@ def test_one_left_padded_prompt_keeps_its_padding_in_sequences_as_a_batch_does(t
                                                                                        max_new_tokens=4)):
         assert out.prompt_length == 5 and torch.equal(out.sequences[:, :5], ids)
         assert out.sequences[0, 5:].tolist() == out.row(0).tolist() == spec(target, draft, ids[:, 2:]).row(0).tolist()
+
+
+@pytest.mark.parametrize("values", [3, 1])
+def test_an_accept_fn_that_returns_other_than_two_numbers_is_named(target, draft, values):
+    """A learner's rule returning (n, next_token, extra) or (n,). Before: one prompt raised a TypeError about
+    RoundErrors, and a batch ran on, reading each row's decision from the wrong slots (garbage, no error)."""
+    def broken(p, q, drafts, generator=None):
+        return (0, 5, 1)[:values]
+
+    for ids in (IDS, IDS.repeat(2, 1)):
+        with pytest.raises(ValueError, match=rf"accept_fn must return \(n, next_token\), two integers.*'broken' "
+                                             rf"returned {values} value"):
+            spec(target, draft, ids, accept_fn=broken, do_sample=True)
 
 
 @pytest.mark.parametrize("n", [-1, "gamma + 1"])
