@@ -544,16 +544,20 @@ def forward_compiled(model: torch.nn.Module, input_ids: torch.Tensor, static: St
     transformers. A prefill that keeps 1 row so holds one row of logits, not one per prompt token.
     """
     first_kept = 0 if logits_to_keep == 0 else input_ids.shape[1] - logits_to_keep  # rows before it: not copied
-    pieces, start = [], 0
-    for chunk in input_ids.split(static.widths[-1], dim=1):
-        n = chunk.shape[1]
-        width = next(w for w in static.widths if w >= n)
-        padded = torch.cat([chunk, chunk.new_zeros(1, width - n)], dim=1)  # a fresh [1, width]: same strides every call
-        out = static.write(static.compiled_step(model, width), model, padded, n)
-        name = "logits" if "logits" in out else "last_hidden_state"
-        if start + n > first_kept:
-            pieces.append(out[name][:, max(first_kept - start, 0):n].clone())  # copied now: a replay overwrites out
-        start += n
+    pieces, start, length_before = [], 0, static.length
+    try:
+        for chunk in input_ids.split(static.widths[-1], dim=1):
+            n = chunk.shape[1]
+            width = next(w for w in static.widths if w >= n)
+            padded = torch.cat([chunk, chunk.new_zeros(1, width - n)], dim=1)  # a fresh [1, width]: same strides
+            out = static.write(static.compiled_step(model, width), model, padded, n)
+            name = "logits" if "logits" in out else "last_hidden_state"
+            if start + n > first_kept:
+                pieces.append(out[name][:, max(first_kept - start, 0):n].clone())  # copied now: a replay overwrites out
+            start += n
+    except BaseException:  # a later chunk raised (or Ctrl-C): uncount the earlier ones, as one write that raised would
+        static.rollback(static.length - length_before)
+        raise
     out[name] = torch.cat(pieces, dim=1)
     return out
 

@@ -92,6 +92,27 @@ def test_a_forward_that_raises_leaves_the_length_unchanged(monkeypatch, path):
     assert kv.cache_length(static) == 3
 
 
+def test_a_compiled_forward_cut_in_a_later_chunk_uncounts_the_earlier_chunks(monkeypatch):
+    """A 20-token input runs as chunks of 16 and 4 tokens: the second one raises (an error, or Ctrl-C in a long
+    prefill). The first chunk's 16 slots must not stay counted, or the drafter's count of what it fed (which the
+    exception skipped) disagrees with the cache and every later write lands after stale slots.
+    Before: the cache said 19 positions, not 3."""
+    model = tiny_llama(seed=3)
+    static = kv.new_static_cache(model, 64)
+    calls = []
+
+    def second_chunk_interrupted(*args, **kwargs):
+        calls.append(1)
+        return kv.forward_at_positions(*args, **kwargs) if len(calls) == 1 else interrupted()
+
+    with torch.no_grad():
+        kv.forward_cached(model, torch.tensor([[1, 2, 3]]), static)
+        posing_as_compiled(static, monkeypatch, step=second_chunk_interrupted)
+        with pytest.raises(Interrupted):
+            kv.forward_cached(model, torch.arange(4, 24)[None], static)
+    assert len(calls) == 2 and kv.cache_length(static) == 3
+
+
 # ---- 3. padding never asks for a position the model lacks ------------------------------------------------------
 
 
