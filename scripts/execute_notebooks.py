@@ -13,7 +13,8 @@
 committed notebooks untouched; a failing notebook is reported and the next one runs. ``--quick`` runs the
 notebooks' quick settings (``SPECDEC_EDU_QUICK=1``: fewer samples, repeats and tokens, as the tests do); without it
 the full settings run (``SPECDEC_EDU_QUICK=0``, what the committed outputs record). Either way a table of
-notebook, seconds and pass/fail ends the run, and the exit status is 1 if any notebook failed.
+notebook, seconds and pass/fail ends the run, and the exit status is 1 if any notebook failed (3 if each one that
+did not pass was only cut by ``--deadline``: stopped there, or never started).
 
 A notebook passes only if it runs *and* every ``<!-- check: ... -->`` in its prose holds for the numbers this run
 recorded (``tests/claims_eval.py``, the evaluator ``tests/test_notebook_claims.py`` applies to the committed
@@ -36,7 +37,8 @@ compiling, which is CPU work, and the compiled code lands in a cache on disk tha
 Their timings then disturb each other, so their prose checks are no evidence (the mode is for ``--quick``). The
 table keeps the notebooks' order. ``--deadline S`` bounds the whole run to S seconds: a cell still running then
 is stopped by the kernel client's own cell timeout (its copy is kept, up to that cell), a notebook not started by
-then is not started, and both are FAIL rows of a table that is still printed; a ``timeout`` around the script would
+then is not started, and both are FAIL rows of a table that is still printed (exit status 3 when they are the only
+ones, so that a run cut short does not read as a broken notebook); a ``timeout`` around the script would
 kill it before the table and leave no word on which notebooks ran. ``--retries N`` runs a notebook again when one of
 its cells outlives ``--timeout`` before the deadline: a kernel client can stop hearing from its kernel (in a CPU
 rehearsal of the GPU stage, notebook 04's last cell printed its output, its reply never came, and the notebook held
@@ -191,6 +193,9 @@ def load_average() -> float | None:
     return os.getloadavg()[0] if hasattr(os, "getloadavg") else None
 
 
+DEADLINE_ROW = re.compile(r"FAIL: (not started: the [\d.]+ s deadline had passed|stopped at the [\d.]+ s deadline)")
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.check_only:
@@ -245,7 +250,16 @@ def main(argv=None) -> int:
             rows = list(pool.map(run_one, args.notebooks))  # in the notebooks' order, whichever ends first
     print(format_table(rows), flush=True)
     print(f"{len(rows)} notebooks in {time.monotonic() - started:.0f} s, {args.jobs} at a time", flush=True)
-    return 0 if all(row[2].startswith("pass") for row in rows) else 1
+    return exit_status(rows)
+
+
+def exit_status(rows) -> int:
+    """0: every notebook passed; 3: each one that did not was stopped or never started by the deadline (a run cut
+    short: rerun the rest with more time, as gpu_course_checks.sh reads a cut step); 1: a notebook failed."""
+    failures = [row[2] for row in rows if not row[2].startswith("pass")]
+    if not failures:
+        return 0
+    return 3 if all(DEADLINE_ROW.match(result) for result in failures) else 1
 
 
 if __name__ == "__main__":

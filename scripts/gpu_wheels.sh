@@ -13,6 +13,7 @@
 #   - packages the image already has (attrs, packaging, psutil, pygments, python-dateutil, typing-extensions);
 #   - widgetsnbextension and jupyterlab_widgets: the front end's half of the widgets, never imported by a kernel;
 #   - debugpy, jedi and parso (10 MB): ipykernel runs without a debugger and IPython without jedi's completion.
+# The versions are pinned by constraints/gpu_wheels.txt: a new release cannot change what runs there unannounced.
 # The working tree (tracked files and untracked ones git does not ignore) travels with these wheels and must stay under
 # 64 MiB: the script prints the total. Last it prints GIT_COMMIT=<sha> for gpu_course_checks.sh's provenance (.git
 # does not travel), and a warning when the tree that travels is not that commit (`git status --porcelain`).
@@ -42,7 +43,7 @@ for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manyl
   platforms+=(--platform "$p")
 done
 python3 -m pip download -q --only-binary=:all: --python-version "$PY" --implementation cp "${platforms[@]}" \
-  -d "$WHEELS" "${PACKAGES[@]}"
+  -c constraints/gpu_wheels.txt -d "$WHEELS" "${PACKAGES[@]}"  # the versions the notebooks ran under (see that file)
 for name in "${ON_THE_IMAGE[@]}" "${NOT_NEEDED[@]}"; do
   rm -f "$WHEELS/$name"-*.whl
 done

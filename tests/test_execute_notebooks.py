@@ -125,11 +125,24 @@ def test_jobs_run_notebooks_side_by_side_and_a_deadline_still_prints_the_table(t
     for flag in flags:
         flag.unlink()
     out = tmp_path / "one_by_one"
-    assert execute_notebooks.main([*map(str, paths), "--scratch", "--deadline", "15", "--out", str(out)]) == 1
+    # 3, not 1: nothing failed but the deadline (gpu_course_checks.sh passes it on as "a step was cut")
+    assert execute_notebooks.main([*map(str, paths), "--scratch", "--deadline", "15", "--out", str(out)]) == 3
     table = capsys.readouterr().out.splitlines()[:-1]
     assert "FAIL: stopped at the 15 s deadline in cell 0" in table[-2] and table[-2].startswith("00_a.ipynb")
     assert "FAIL: not started: the 15 s deadline had passed" in table[-1] and table[-1].startswith("01_b.ipynb")
     assert (out / "00_a.ipynb").exists() and not (out / "01_b.ipynb").exists()
+
+
+def test_the_exit_status_tells_a_run_cut_by_its_deadline_from_a_failing_notebook():
+    """The GPU stage reads 3 as "cut short: rerun the rest with more time", 1 as "a notebook is broken". Before: a
+    deadline row exited 1, as a broken notebook does."""
+    passed, broken = ("00.ipynb", 9.0, "pass"), ("01.ipynb", None, "FAIL: ZeroDivisionError: division by zero")
+    stopped = ("02.ipynb", None, "FAIL: stopped at the 300 s deadline in cell 4 (its copy has the cells that ran)")
+    not_started = ("03.ipynb", None, "FAIL: not started: the 300 s deadline had passed")
+    assert execute_notebooks.exit_status([passed]) == 0
+    assert execute_notebooks.exit_status([passed, stopped, not_started]) == 3
+    assert execute_notebooks.exit_status([passed, broken, stopped]) == 1  # a real failure wins
+    assert execute_notebooks.exit_status([broken]) == 1
 
 
 def test_a_kernel_that_stops_answering_costs_a_rerun_not_the_deadline(tmp_path, capsys, monkeypatch):

@@ -102,10 +102,29 @@ def test_the_fp16_report_starts_only_with_the_time_it_took_on_the_h200_left(tmp_
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
         report = (out / "gpu_report_fp16.txt").read_text()
         if ran:
-            assert report == "gpu-report ran\n"
+            assert report.startswith("fp16 smoke: the path runs in fp16 on cuda; the fp32 reload on non-finite logits "
+                                     "is not reached here") and report.endswith("\ngpu-report ran\n"), report
         else:
             assert re.fullmatch(r"smoke 3 \(fp16 gpu-report\) skipped: (4\d|50) s of BUDGET left, it needs 60 s "
                                 r"\(FP16_NEEDS\)\n", report), report
+
+
+def test_all_keeps_the_fp16_reports_time_back_from_the_notebooks_and_a_deadline_cut_is_exit_3(tmp_path):
+    """In `all` the notebooks run to a deadline, then the fp16 report. The deadline kept back 40 s only, and the
+    report needs 60 s (FP16_NEEDS) to start: a run to the deadline always skipped it. Now the deadline keeps
+    FP16_NEEDS back too. Notebooks that were only cut by their deadline (execute_notebooks.py's exit 3) are a cut
+    step, exit 3 with a line that says so, not a failed one."""
+    cases = """  *execute_notebooks.py*) echo "notebooks given: $*"; exit 3 ;;
+  *gpu-report*) echo 'gpu-report ran' ;;"""
+    out = tmp_path / "out"
+    done = run("all", OUT=str(out), PYTHON=fake_python(tmp_path, cases), BUDGET="200")
+    assert done.returncode == 3, done.stdout[-2000:] + done.stderr[-2000:]
+    deadline = int(re.search(r"--deadline (\d+)", (out / "notebooks.txt").read_text()).group(1))
+    assert 90 <= deadline <= 100  # 200 s, less 40 s for the archive and 60 s for the fp16 report (was 160)
+    assert (out / "gpu_report_fp16.txt").read_text().endswith("gpu-report ran\n")
+    provenance = (out / "provenance.txt").read_text()
+    assert f"cut: notebooks: the DEADLINE of {deadline} s stopped or never started some" in provenance
+    assert "stage all: exit 3" in provenance
 
 
 def test_gpu_wheels_names_the_commit_and_warns_when_the_tree_that_travels_is_not_it(tmp_path):
@@ -143,3 +162,18 @@ printf '%0100d' 0 > "$d/nbclient-1.0-py3-none-any.whl"
     done, travels = wheels()
     assert f"GIT_COMMIT={sha}" in done.stdout and travels == tracked + 5000
     assert "WARNING: the working tree is not commit" in done.stderr and "?? b.txt" in done.stderr
+
+
+def test_the_wheels_for_the_gpu_machine_are_pinned():
+    """gpu_wheels.sh fetches with -c constraints/gpu_wheels.txt, which pins each package it asks for (and their
+    dependencies) to one version: a new release cannot change what runs in a lease unannounced. Before: unpinned."""
+    script = WHEELS.read_text()
+    assert "-c constraints/gpu_wheels.txt" in script
+    pins = {}
+    for line in (ROOT / "constraints" / "gpu_wheels.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, version = re.fullmatch(r"([A-Za-z0-9_.-]+)==([0-9][0-9A-Za-z.]*)", line.strip()).groups()
+            pins[name.lower().replace("_", "-")] = version
+    asked = re.search(r"^PACKAGES=\(([^)]*)\)", script, re.M).group(1).split()
+    assert asked and all(name in pins for name in asked), (asked, sorted(pins))
+    assert {"ipython", "jupyter-client", "pyzmq", "tornado", "traitlets"} <= set(pins)  # the kernel's own stack
