@@ -26,7 +26,8 @@
 # python3, the image's). FP16_NEEDS and COLD_NEEDS (default 60 each): the seconds of BUDGET that smoke steps 3 and 4
 # need left to start (the tests set them high to rehearse a skip).
 # Exit status: 0 all passed; 2 usage, or no Jupyter stack; 3 a step was cut by its own time limit, or the notebooks
-# by their DEADLINE with none failing (one line names it; its partial results stay in $OUT); else a failed step's own. Never 124: the device tool reads it as its timeout.
+# by their DEADLINE with none failing (one line names it; its partial results stay in $OUT); else a failed step's
+# own. Never 124: the device tool reads it as its timeout.
 #
 # The notebooks stage needs the Jupyter stack, which the GPU image lacks: run `bash scripts/gpu_wheels.sh` here
 # first and name .whl in the device tool's `carry`; this script installs what .whl/ holds (into /tmp/site).
