@@ -1,6 +1,8 @@
 """Batched speculative decoding: every row must equal its batch-1 result (greedy) and the
 target's distribution (sampling)."""
 
+import copy
+
 import pytest
 import torch
 from conftest import tiny_llama
@@ -9,6 +11,7 @@ from test_kv_safety import gpt2
 from test_sequence_exactness import PROMPT, SETTINGS, THRESHOLD, exact_distribution, pvalue
 
 from specdec_edu import autoregressive_generate, speculative_generate
+from specdec_edu.course.controls import bonus_from_previous_position
 
 
 def left_pad(prompts, pad=0):
@@ -56,6 +59,19 @@ def test_batched_per_row_eos_and_limits(target, close_draft):
     assert [len(s) for s in out.token_sources] == out.lengths
     for sources, stats in zip(out.token_sources, out.row_stats):
         assert sources.count("accepted") == stats.accepted
+
+
+@pytest.mark.parametrize("gamma", [2, 4])
+def test_batched_greedy_with_learned_positions_equals_each_row_alone(gamma):
+    """A GPT-2 pair (learned positions) over four left-padded prompts of 3-12 tokens. The Llama pairs above use rotary
+    positions, which a shift of every position leaves unchanged: with the position ids one too high, every test
+    above passed, while here 3 of the 4 rows differ from the target's."""
+    target, draft = gpt2(seed=0, n_positions=128), gpt2(seed=1, n_positions=128)
+    prompts = [[5, 9, 3], [4, 8, 2, 6, 1, 7, 3], [9, 1, 12, 33, 5, 7, 2, 8, 40, 3, 6, 11], [2, 4, 6, 8, 10]]
+    ids, mask = left_pad([torch.tensor(p) for p in prompts])
+    out = speculative_generate(target, draft, ids, attention_mask=mask, max_new_tokens=12, gamma=gamma)
+    assert out.stats.accepted > 0  # the drafts took part
+    assert [out.row(i).tolist() for i in range(4)] == alone(target, prompts, max_new_tokens=12)
 
 
 def alone(target, prompts, **kwargs):
@@ -115,6 +131,36 @@ def test_batched_sampling_follows_target(small_vocab_pair):
     target, draft = small_vocab_pair
     settings = SETTINGS[0]
     assert pvalue(batched_samples(target, draft, settings), exact_distribution(target, **settings)) > THRESHOLD
+
+
+def test_batched_bonus_tokens_follow_target(small_vocab_pair):
+    """With the draft the target itself (q = p) every draft is accepted, so each 3-token continuation at γ = 2 ends in
+    a bonus token, which the shared-γ batches above rarely reach: a bonus drawn from the previous position's p passed
+    that test (p = 0.05). The same χ² (1,500 samples, seed 5, level 1e-3); that broken bonus is its control."""
+    target, _ = small_vocab_pair
+    draft, settings = copy.deepcopy(target), SETTINGS[0]
+    one = speculative_generate(target, draft, PROMPT.expand(4, -1), max_new_tokens=3, gamma=2, do_sample=True,
+                               generator=torch.Generator().manual_seed(0), **settings)
+    assert one.token_sources == [["accepted", "accepted", "bonus"]] * 4  # the case meant
+    exact = exact_distribution(target, **settings)
+    assert pvalue(batched_samples(target, draft, settings), exact) > THRESHOLD
+    assert pvalue(batched_samples(target, draft, settings, accept_fn=bonus_from_previous_position), exact) < THRESHOLD
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_sampling_is_reproducible_from_its_generator_alone(small_vocab_pair, batch):
+    """The same generator seed gives the same sample whatever the global RNG holds; with no generator the global RNG
+    decides (the control: it must differ). Before the test, a batched accept step that dropped the generator
+    passed every test, and each batched statistical test's "fixed seed" was no longer fixed."""
+    target, draft = small_vocab_pair
+
+    def sample(global_seed, generator):
+        torch.manual_seed(global_seed)
+        return speculative_generate(target, draft, PROMPT.expand(batch, -1), max_new_tokens=16, gamma=3,
+                                    do_sample=True, generator=generator).sequences.tolist()
+
+    assert sample(1, torch.Generator().manual_seed(0)) == sample(2, torch.Generator().manual_seed(0))
+    assert sample(1, None) != sample(2, None)
 
 
 # The batched baseline's samplers: the right one, and two that forget a warper (controls the same test must reject).

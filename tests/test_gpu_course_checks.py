@@ -6,7 +6,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -82,9 +81,9 @@ def test_a_step_cut_by_its_own_limit_exits_3_and_says_which(tmp_path, stage, ste
     124, passed out, sent the operator to rerun with a longer timeout_s. A cut step is now exit 3, with one line that
     names it and its limit (here BUDGET=5 leaves it the 5 s floor), and the stage's end is still recorded."""
     out = tmp_path / "out"
-    start = time.monotonic()
     done = run(stage, OUT=str(out), PYTHON=fake_python(tmp_path, cases), DEVICE="cpu", BUDGET="5", COLD_NEEDS="0")
-    assert time.monotonic() - start < 32  # 5 s, then SIGKILL 10 s later; not the 40 s the step would take
+    # exit 3 and the "cut:" line below are the proof that the step was stopped (a finished sleep exits 0, no line);
+    # no wall-clock bound is asserted
     assert done.returncode == 3, done.stdout[-2000:] + done.stderr[-2000:]
     provenance = (out / "provenance.txt").read_text()
     assert re.search(rf"cut: {re.escape(step)} (ran out|was killed .* after) its limit of [5-9] s", provenance), provenance

@@ -20,6 +20,16 @@ def test_matches_transformers_warpers(temperature, top_k, top_p):
     torch.testing.assert_close(logits_to_probs(logits, temperature, top_k, top_p), warped.softmax(-1), rtol=0, atol=1e-7)
 
 
+def test_top_p_keeps_a_token_whose_mass_ends_exactly_at_the_boundary_as_transformers_does():
+    """Four equal logits, top_p = 0.75: the cumulative mass reaches 1 − top_p = 0.25 exactly at the first sorted token,
+    which transformers removes (<=), keeping three. No random logits hit such a tie, so with `<` instead of `<=`
+    every other test passed, while this one gives four tokens of 1/4."""
+    logits = torch.zeros(1, 4)
+    expected = TopPLogitsWarper(0.75)(None, logits.clone()).softmax(-1)
+    assert sorted(expected[0].tolist()) == pytest.approx([0, 1 / 3, 1 / 3, 1 / 3])  # the reference case meant
+    torch.testing.assert_close(logits_to_probs(logits, 1.0, 0, 0.75), expected, rtol=0, atol=1e-7)
+
+
 def test_temperature_zero_is_one_hot_argmax():
     logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(1))
     probs = logits_to_probs(logits, temperature=0)

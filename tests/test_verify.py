@@ -173,6 +173,18 @@ def test_deterministic_cases():
     assert all(accept_and_resample(pp, pp[:4], x, gen)[0] == 4 for _ in range(50))
 
 
+def test_the_residual_of_identical_distributions_falls_back_to_p():
+    """q ≥ p everywhere (here q is p plus rounding: 1e-12 more on two tokens) leaves no residual mass; a rejection there
+    can come only from rounding, and must still sample from p (the target), not q. Returning q passed every other
+    test (with real pairs the branch is almost never reached)."""
+    p = torch.tensor([[0.5, 0.3, 0.2, 0.0]], dtype=torch.float64)
+    assert torch.equal(residual_distribution(p, p.clone()), p)
+    rounded_up = p + torch.tensor([[1e-12, 0, 1e-12, 0]], dtype=torch.float64)
+    assert torch.equal(residual_distribution(p, rounded_up), p)
+    q = torch.tensor([[0.2, 0.3, 0.5, 0.0]], dtype=torch.float64)  # control: a residual exists, and it is not p
+    assert torch.allclose(residual_distribution(p, q), torch.tensor([[1.0, 0, 0, 0]], dtype=torch.float64))
+
+
 def test_shape_errors():
     with pytest.raises(ValueError, match="γ"):
         accept_and_resample(torch.ones(3, 4) / 4, torch.ones(3, 4) / 4, torch.tensor([0, 1, 2]))
