@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from conftest import tiny_llama
 
 from specdec_edu import ModelDrafter, PromptLookupDrafter, autoregressive_generate, speculative_generate
 
@@ -59,6 +60,25 @@ def test_prompt_lookup_and_baseline(target):
     assert out.stats.drafted > 0
     base = autoregressive_generate(target, prompt[None], max_new_tokens=30)
     assert base.sequences[0].tolist() == expected.tolist()
+
+
+def test_prompt_lookup_drafts_that_the_target_accepts_are_its_own_tokens():
+    """The test above hardly exercises acceptance: its random target does not repeat the prompt (2 of 33 drafts
+    accepted), so a greedy rule comparing each draft with the *next* position's argmax passed it. Here the target's
+    attention and MLP outputs are zeroed, so its next token depends on the last one only, and from [5, 6, 7] its
+    greedy output falls into a 7-token cycle; a prompt holding that cycle twice lets lookup draft whole rounds that
+    the target accepts. Token for token in fp32, with many drafts accepted and bonus tokens."""
+    target = tiny_llama(seed=2)
+    with torch.no_grad():
+        for layer in target.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+    start = torch.tensor([5, 6, 7])
+    prompt = reference(target, start, 16)  # [5, 6, 7] and 16 tokens: the 7-token cycle twice
+    expected = reference(target, prompt, 30)
+    out = speculative_generate(target, PromptLookupDrafter(), prompt[None], max_new_tokens=30, gamma=5)
+    assert out.sequences[0].tolist() == expected.tolist()
+    assert out.stats.accepted >= 20 and out.token_sources[0].count("bonus") >= 3, (out.stats, out.token_sources[0])
 
 
 def test_never_exceeds_max_new_tokens(target, close_draft):
