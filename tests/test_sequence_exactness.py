@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 import torch
 from scipy.stats import chisquare
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from specdec_edu import autoregressive_generate, logits_to_probs, speculative_generate
+from specdec_edu import autoregressive_generate, speculative_generate
 from specdec_edu.course.controls import BROKEN_RULES, MisreportedQDrafter
 
 # Every χ² test here: N_SAMPLES = 1,500 continuations from a generator seeded 0 (1 for the
@@ -27,13 +28,24 @@ N_SAMPLES = 1500  # continuations per run
 THRESHOLD = 1e-3  # χ² p-value level
 
 
+def transformers_probs(logits, temperature, top_k, top_p):
+    """``logits [..., V]`` → probabilities through Hugging Face's own warpers (temperature → top-k → top-p), not the
+    package's ``logits_to_probs``: the reference must not share a warper bug with the code under test."""
+    scores = TemperatureLogitsWarper(temperature)(None, logits.reshape(-1, logits.shape[-1]).clone())
+    if top_k > 0:
+        scores = TopKLogitsWarper(top_k)(None, scores)
+    if top_p < 1.0:
+        scores = TopPLogitsWarper(top_p)(None, scores)
+    return scores.softmax(-1).reshape(logits.shape)
+
+
 def exact_distribution(target, temperature, top_k, top_p):
     """{(x1, x2, x3): probability} under the target's warped distribution, by enumeration."""
     conts = torch.tensor(list(itertools.product(range(target.config.vocab_size), repeat=3)))  # [512, 3]
     ids = torch.cat([PROMPT.expand(len(conts), -1), conts], 1)
     with torch.no_grad():
         logits = target(ids).logits[:, PROMPT.shape[1] - 1 : -1]  # [512, 3, V]: next-token logits at each step
-    probs = logits_to_probs(logits.double(), temperature, top_k, top_p)
+    probs = transformers_probs(logits.double(), temperature, top_k, top_p)
     step = probs.gather(-1, conts[..., None])[..., 0]  # [512, 3]
     return {tuple(c): float(pr) for c, pr in zip(conts.tolist(), step.prod(-1))}
 
