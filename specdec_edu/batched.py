@@ -99,8 +99,8 @@ class Batch:
         if self.outgrown:
             self.q_not_finite = torch.zeros((), dtype=torch.bool, device=self.newest.device)
             return no_drafts(self.vocab_size, self.newest.device, self.newest.shape)
-        # Masked with the rows still generating now: a row that stopped last round is fed nothing (its last tokens
-        # may lie past the draft's positions, or be ids the draft cannot read)
+        # Masked with the rows still generating now, the one place that masks it: a row that has stopped is fed id 0,
+        # masked (its last tokens may lie past the draft's positions, or be ids the draft cannot read)
         ids, new_mask = self.unread
         live = self.generating[:, None]
         logits = self.draft_logits(ids * live, new_mask * live)
@@ -145,9 +145,8 @@ class Batch:
         # rejected x_γ get a masked slot in its place (the batch is rectangular).
         x_gamma = self.drafts[:, -1] if gamma_round else next_token
         x_gamma_kept = (n == gamma_round) & (gamma_round > 0)
-        # Finished rows ride along masked; they feed id 0, as their own next token may be one the draft cannot read.
-        self.unread = (torch.stack([x_gamma, next_token], 1) * generating,
-                       torch.stack([x_gamma_kept.long(), torch.ones_like(n)], 1) * generating)
+        # Rows that have stopped are masked (fed id 0) where this is read: in ``draft``, with the flags of that round.
+        self.unread = torch.stack([x_gamma, next_token], 1), torch.stack([x_gamma_kept.long(), torch.ones_like(n)], 1)
         self.newest = next_token
 
 
