@@ -1,6 +1,7 @@
 """Medusa and EAGLE drafters (specdec_edu.models.feature_drafters) on tiny random models: exactness,
 the feature/token alignment, EAGLE's cache rollback, save/load and load_drafter."""
 
+import copy
 import importlib.util
 import json
 import os
@@ -19,7 +20,7 @@ from specdec_edu import (
     autoregressive_generate,
     speculative_generate,
 )
-from specdec_edu.course.controls import MisreportedQDrafter, accept_always
+from specdec_edu.course.controls import MisreportedQDrafter, accept_always, bonus_from_previous_position
 from specdec_edu.models import feature_drafters
 from specdec_edu.models.feature_drafters import EagleDrafter, MedusaDrafter, load_drafter
 
@@ -101,6 +102,39 @@ def test_negative_controls_are_rejected(small_vocab_pair, kind, control):
     else:
         broken = dict(accept_fn=accept_always)
     assert feature_pvalue(target, drafter, **broken) < THRESHOLD
+
+
+class TargetAsFeatureDrafter(ModelDrafter):
+    """A draft that is the target itself (q = p) and reads the target's features (``observe``), so the loop takes the
+    feature path (decoder and head run apart, ``target_logits_and_features``) and every round ends in a bonus token."""
+
+    def __init__(self, model):
+        super().__init__(model)
+        self.observed = 0
+
+    def observe(self, features):  # [n, d]: counted only, to show that the feature path ran
+        self.observed += len(features)
+
+
+def test_the_feature_paths_bonus_tokens_follow_target(small_vocab_pair):
+    """Random feature drafters rarely get both drafts accepted, so the χ² above barely sees a bonus: drawn from the
+    previous position's p it still passed (EAGLE p = 0.049, Medusa 0.030). Here q = p on the feature path: each
+    3-token continuation at γ = 2 ends in a bonus. The same χ² (1,500 samples, seed 0, level 1e-3); that broken bonus
+    (``bonus_from_previous_position``) is its control and must be rejected."""
+    target, _ = small_vocab_pair
+    drafter = TargetAsFeatureDrafter(copy.deepcopy(target))
+    exact = exact_distribution(target, **FEATURE_SETTINGS)
+
+    def sample(**broken):
+        return pvalue(sample_many(lambda g: speculative_generate(
+            target, drafter, PROMPT, max_new_tokens=3, gamma=2, do_sample=True, generator=g, **broken,
+            **FEATURE_SETTINGS), seed=0), exact)
+
+    one = speculative_generate(target, drafter, PROMPT, max_new_tokens=3, gamma=2, do_sample=True,
+                               generator=torch.Generator().manual_seed(0), **FEATURE_SETTINGS)
+    assert one.token_sources == [["accepted", "accepted", "bonus"]] and drafter.observed > 0  # the case meant
+    assert sample() > THRESHOLD
+    assert sample(accept_fn=bonus_from_previous_position) < THRESHOLD
 
 
 # ---- prompt lookup first, a feature drafter elsewhere ---------------------------------------------
