@@ -421,10 +421,11 @@ class LookupThenDrafter:
     repeated word is a poor reason to copy). If it finds nothing, ``fallback`` drafts.
     Either way q is what the tokens were drawn from, so the output stays exact.
 
-    The fallback's optional hooks (module docstring) pass through (:func:`pass_hooks_through`): ``reset``,
-    ``check_target`` and ``drafted_elsewhere`` always, ``observe`` only if the fallback has it (a feature drafter must
+    The fallback's optional hooks (module docstring) reach it: ``check_target`` always and ``observe`` only if the
+    fallback has it (:func:`pass_hooks_through`; a feature drafter must
     see every position the target keeps, also in rounds that lookup drafted, or its cache
-    falls out of step). ``rounds`` counts who drafted: ``{"lookup": n, "fallback": m}`` for
+    falls out of step), and its own ``reset`` and ``drafted_elsewhere`` forward to the fallback's.
+    ``rounds`` counts who drafted: ``{"lookup": n, "fallback": m}`` for
     the last generation.
     """
 

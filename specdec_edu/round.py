@@ -7,7 +7,8 @@ A round, for one prompt or for B prompts at once (``...`` below is ``[]`` or ``[
     verify   p_1 … p_{γ+1} from target([newest, x_1 … x_γ])   ONE target forward (`newest`: the newest
                                                           token, which the target's cache lacks)
     accept   keep x_i while u_i < min(1, p_i(x_i) / q_i(x_i))   the rule, ``verify_drafts``
-             then one token from max(0, p − q) after a rejection, or from p_{γ+1} if all were kept
+             then, after a rejection at x_i, one token from normalize(max(0, p_i − q_i)),
+             or from p_{γ+1} if all were kept
     rollback the caches keep [newest, kept drafts]; the new token becomes `newest`
 
 What differs between one prompt and a batch (how to draft, how to roll a cache back) lives

@@ -19,10 +19,11 @@ Two indexes answer one question, "where did the last m tokens occur before, and 
 :class:`SuffixDrafter` takes the longest match in either index and walks forward from all its
 occurrences at once: the most frequent next token, then the most frequent one after it among the
 occurrences that agreed, and so on (a suffix tree's greedy path). It stops when the path's empirical
-probability (the product of the per-step frequencies) falls below ``min_prob`` (τ in the paper), or
-when the budget ``spec_factor · m`` (the paper's MAX_SPEC = α·p, p the match length) or γ is spent.
-Of the two indexes' drafts it keeps the one with the larger expected accepted length
-(Σ_i Π_{j≤i} p_j). The draft is deterministic, so q is one-hot on each proposed token and the
+probability (the product of the per-step frequencies f_j) falls below ``min_prob``, or when the
+budget ``spec_factor · m`` (m the match length) or γ is spent. Of the two indexes' drafts it keeps
+the one with the larger expected accepted length Σ_i Π_{j≤i} f_j. (The SuffixDecoding paper calls
+min_prob τ, spec_factor α and m p: there α, p and τ are not the course's acceptance rate, target
+distribution and tokens per round.) The draft is deterministic, so q is one-hot on each proposed token and the
 accept rule stays exact.
 """
 
@@ -369,9 +370,9 @@ class SuffixDrafter:
         corpus: a :class:`CorpusIndex` of the target's earlier outputs (``None``: an empty one).
             ``add(tokens)`` extends it, e.g. with each finished answer.
         max_match: the longest suffix matched (m ≤ max_match).
-        spec_factor: the budget per round is ``spec_factor · m`` tokens (the paper's MAX_SPEC = α·p),
+        spec_factor: the budget per round is ``spec_factor · m`` tokens (the paper's MAX_SPEC),
             plus ``spec_offset``, and never more than γ.
-        min_prob: τ: stop drafting before the path's empirical probability falls below it.
+        min_prob: stop drafting before the path's empirical probability falls below it (the paper's threshold).
         min_corpus_match: corpus matches shorter than this are ignored (one common token says little).
 
     ``last`` keeps the last round's choice (``{"source", "match", "probs"}``) for the curious;

@@ -6,7 +6,10 @@ For each draft token x_i (drawn from the draft's q_i), in order:
 * at the first rejection, emit instead a sample from the *residual*
   ``normalize(max(0, p_i - q_i))`` and stop;
 * if all γ drafts are accepted, the target's distribution at the next position,
-  p_γ, gives one more ("bonus") token for free.
+  p_{γ+1}, gives one more ("bonus") token for free.
+
+(Here positions count from 1, as in the papers; in the code, tensors count from 0, so p_i is row ``p[i-1]`` and
+the bonus distribution is ``p[γ]``.)
 
 Why the output is distributed exactly as p: token x is emitted either by
 acceptance, probability ``q(x) * min(1, p(x)/q(x)) = min(p(x), q(x))``, or by
@@ -76,8 +79,8 @@ def verify_drafts(
     n_accepted = accepted.long().cumprod(0).sum()  # 0-d: length of the all-accepted prefix
 
     # Where the next token comes from, for every possible n: after a rejection at
-    # position i, the residual normalize(max(0, p_i − q_i)); after γ acceptances, the
-    # bonus distribution p_γ that the verify pass computed for free. Pick row n.
+    # row i, the residual normalize(max(0, p[i] − q[i])); after γ acceptances, the
+    # bonus distribution p[γ] (p_{γ+1}) that the verify pass computed for free. Pick row n.
     # (Selecting with index_select keeps n on the device: no `if n < γ` on the host.)
     candidates = torch.cat([residual_distribution(p[:gamma], q), p[gamma:]])  # [γ+1, V]
     next_probs = candidates.index_select(0, n_accepted.view(1))  # [1, V]

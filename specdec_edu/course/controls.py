@@ -51,24 +51,25 @@ def accept_always(p, q, draft_tokens, generator=None):
 def resample_from_target(p, q, draft_tokens, generator=None):
     """Correct rule for accepting, but on rejection sample from p instead of the residual.
 
-    Tokens the draft over-proposes get extra mass twice: by acceptance and again
-    by the resample, so the output is skewed towards q.
+    A token the draft over-proposes (q(x) > p(x)) is already kept with its full p(x) by acceptance; the resample
+    adds (1 − β)·p(x) on top, β = Σ min(p, q), so the output is skewed towards q.
     """
     n = n_accepted(p, q, draft_tokens, generator)
     return n, int(sample(p[n], generator))
 
 
 def bonus_from_previous_position(p, q, draft_tokens, generator=None):
-    """Correct rule, except that the bonus token comes from p_{γ−1} instead of p_γ (an off-by-one).
+    """Correct rule, except that the bonus token comes from p_γ instead of p_{γ+1} (an off-by-one; rows
+    ``p[γ-1]`` instead of ``p[γ]``).
 
-    p_{γ−1} is the target's distribution for the *last draft's* position, not for the
+    p_γ is the target's distribution for the *last draft's* position, not for the
     position after it, so after a fully accepted round the extra token follows the
     wrong distribution (often repeating what the last draft was likely to be).
     Accepted and corrected tokens stay right: only rounds that accept everything go wrong.
     """
     if draft_tokens.shape[0] == 0:  # no drafts: nothing to shift, the target's own token
         return accept_and_resample(p, q, draft_tokens, generator)
-    shifted = torch.cat([p[:-1], p[-2:-1]])  # row γ replaced by row γ−1
+    shifted = torch.cat([p[:-1], p[-2:-1]])  # row γ (the bonus) replaced by row γ−1 (the last draft's)
     return accept_and_resample(shifted, q, draft_tokens, generator)
 
 

@@ -8,7 +8,8 @@ weight reads and a fixed per-forward overhead (thousands of small calls) share t
 These helpers measure the curve with medians over repeats (machines are noisy; one
 measurement is an anecdote); the draft/target cost ratio c is ``forward_seconds(draft, 1, role="draft") /
 forward_seconds(target, 1)`` (``role="draft"`` times the step a generation's drafter takes, see
-:func:`_drafter_forward`), or, from a run, ``stats.draft_seconds_per_token / target_seconds_per_forward``.
+:func:`_drafter_forward`), or, from runs, a speculative run's ``stats.draft_seconds_per_token`` divided by a
+target-only run's ``stats.target_seconds_per_forward`` (a speculative run's is its verify pass, not one step).
 """
 
 from __future__ import annotations
