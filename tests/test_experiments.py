@@ -372,3 +372,24 @@ def test_replay_drafter_pays_the_draft_the_run_would_use(target, monkeypatch):
     out = speculative_generate(target, compiled, PROMPT, max_new_tokens=12, gamma=4, compile=False,
                                generator=torch.Generator().manual_seed(0))
     assert torch.equal(out.sequences[0], ref)
+
+
+def test_the_cost_models_draws_leave_the_global_rng_alone(target):
+    """The cost model drafts (and draws) to pay its cost; those draws come from the drafter's own generator. Before,
+    they came from the global RNG: a dial run moved ``torch.manual_seed``'s stream. The control: the dial's own draw
+    without a generator does move it, so the comparison can see a move."""
+    from conftest import tiny_llama
+
+    ref = greedy_reference(target, n=12)
+    drafter = ReplayDrafter(ref, 0.5, target.config.vocab_size, cost_model=tiny_llama(seed=3))
+    to_probs = lambda logits: torch.softmax(logits, -1)  # noqa: E731
+
+    def moves_global_rng(generator):
+        torch.manual_seed(0)
+        before = torch.get_rng_state()
+        drafter.reset()
+        drafter.propose(ref[:5].cpu(), 4, to_probs, generator)
+        return not torch.equal(before, torch.get_rng_state())
+
+    assert not moves_global_rng(torch.Generator().manual_seed(1))
+    assert moves_global_rng(None)  # the control

@@ -157,6 +157,11 @@ class ReplayDrafter:
         self._reference_host = reference.flatten().cpu()  # [n]: compared with the loop's host context
         self.noise, self.vocab_size, self.seconds_per_token = noise, vocab_size, seconds_per_token
         self._cost, self.left_at = cost_model, None
+        # The cost model's draws are thrown away, but they still need random numbers: from a generator of its own,
+        # never from (and moving) the global RNG, nor from the run's (which would change the run's own draws).
+        cost_device = cost_model.device if isinstance(cost_model, torch.nn.Module) else getattr(
+            getattr(cost_model, "model", None), "device", self.device)
+        self._cost_generator = torch.Generator(device=cost_device).manual_seed(0) if cost_model is not None else None
         if isinstance(cost_model, torch.nn.Module):  # a bare model: the drafter the real run would make of it
             from ..generate import as_drafter, resolve_compile
 
@@ -188,7 +193,7 @@ class ReplayDrafter:
         if self._cost is not None:  # the real draft model's forwards; its own guesses are discarded
             # no finiteness check: it reads the device once per draft, which the real drafting loop does not
             greedy = lambda logits: logits_to_probs(logits, temperature=0, check_finite=False)  # noqa: E731
-            self._cost.propose(context, len(tokens), greedy, None)
+            self._cost.propose(context, len(tokens), greedy, self._cost_generator)
         return tokens, q
 
     def _left_the_reference(self, context: torch.Tensor) -> None:
