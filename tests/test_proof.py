@@ -138,6 +138,15 @@ def test_inputs_that_are_not_distributions_are_refused():
         token_chi2([1, 9], P_REAL)
 
 
+def test_the_sum_tolerance_is_the_one_stated():
+    """Rows must sum to 1 within 1e-5, as check_distribution says; allclose's default relative tolerance had made it
+    1.1e-5 where the docstring said 1e-6. 1 + 5e-6 passes, 1 + 1.05e-5 does not."""
+    p = P_REAL.double() / P_REAL.double().sum()
+    assert token_chi2([1, 2], p * (1 + 5e-6)).p_value >= 0  # accepted
+    with pytest.raises(ValueError, match="p must hold distributions"):
+        token_chi2([1, 2], p * (1 + 1.05e-5))
+
+
 def accept_with_one_uniform_per_round(p, q, draft_tokens, generator=None):
     """A plausible slip: one uniform for the whole round, compared with every draft's ratio, so that the decisions
     of a round are correlated (a draft is kept only if all earlier ones were kept at the same u)."""
