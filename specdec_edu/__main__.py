@@ -58,6 +58,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}\n(python -m specdec_edu --traceback {args.command} ... shows where it was raised)",
               file=sys.stderr)
         return 2
+    except SystemExit as exc:  # a command's own refusal of its flags (SystemExit("...")): the same one error: line
+        if not isinstance(exc.code, str):
+            raise
+        print(f"error: {exc.code}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

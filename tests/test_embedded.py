@@ -291,7 +291,9 @@ def test_pairs_list_the_options():
         embedded.load_pair("gpt-17")
 
 
-def test_unreachable_hub_gives_a_clear_error(monkeypatch):
+def test_unreachable_hub_gives_a_clear_error(monkeypatch, capsys):
+    """The error names the embedded pair; and a line says what is being loaded before the Hub client's retries
+    (about a minute without a network), which came first with nothing said."""
     import transformers
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -305,6 +307,7 @@ def test_unreachable_hub_gives_a_clear_error(monkeypatch):
     # each place a learner meets it: code, the notebooks (their PAIR comes from the variable), the command line
     with pytest.raises(HubUnavailableError, match="load_pair\\('embedded'\\), SPECDEC_EDU_PAIR=embedded .*--pair embedded"):
         embedded.load_pair("qwen2.5", device="cpu")
+    assert capsys.readouterr().err.startswith("loading the 'qwen2.5' pair's tokenizer from the Hugging Face hub")
 
 
 def test_a_hub_download_shows_its_progress_though_the_caller_silenced_it(monkeypatch, capsys):

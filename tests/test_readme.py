@@ -167,3 +167,15 @@ def test_the_worked_example_matches_the_formula():
     assert quoted == pytest.approx([expected_speedup(1.0, gamma, c),  # all accepted + the bonus
                                     4 / (gamma * c + 1),              # 3 accepted + 1 correction
                                     1 / (gamma * c + 1)], abs=0.005)  # none accepted
+
+
+@pytest.mark.embedded
+def test_the_package_in_30_seconds_runs_as_written(capsys):
+    """The README's first code block, run as written on the embedded pair: the answer ends at the model's EOS and
+    prints no special tokens. Before, it passed no eos_token_id and printed `<|im_end|>` and the start of another
+    turn after the answer (stopped_by 'max_new_tokens')."""
+    code = re.search(r"## The package in 30 seconds\n+```python\n(.*?)```", README, re.DOTALL).group(1)
+    scope: dict = {}
+    exec(compile(code, "README.md", "exec"), scope)
+    printed = capsys.readouterr().out
+    assert scope["out"].stats.stopped_by == "eos" and "<|im_" not in printed, printed

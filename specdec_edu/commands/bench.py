@@ -16,6 +16,7 @@ import platform
 import shlex
 import statistics
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -216,8 +217,11 @@ def run_bench(target, draft, inputs, *, eos_token_id=None, drafter="model", gamm
                           suffix_options)
     # Warm-up: first calls pay for allocations, lazy init and compiling. The longest prompt at the real length, so
     # that every compiled cache is made here at its final size (a longer run later would replace it inside the clock).
+    from tqdm.auto import tqdm
+
     longest = max(inputs, key=lambda ids: ids.shape[-1])
-    for fn in methods.values():
+    warm = "warm-up, compiling each width once (minutes)" if compiled else "warm-up"
+    for fn in tqdm(methods.values(), desc=warm, unit="method", leave=False, disable=not progress):
         fn(longest, max_new_tokens)
 
     def every_prompt(fn):  # one repeat of a method: each prompt timed on its own
@@ -226,6 +230,8 @@ def run_bench(target, draft, inputs, *, eos_token_id=None, drafter="model", gamm
     runs = interleaved_benchmark({name: every_prompt(fn) for name, fn in methods.items()}, repeats=repeats, warmup=0,
                                  progress=progress)
     results = {name: method_result(name, reps) for name, reps in runs.items()}
+    if progress:
+        print("timing the parts of a round and the verify pass (c, verify cost) ...", file=sys.stderr, flush=True)
     profiled = profile_round(target, bench_drafter(drafter, target, draft, corpus_additions, suffix_options), inputs[0],
                              gamma, compiled=compiled)
     out = summarise(target, draft, results, drafter, gamma, inputs, compiled, profiled)
@@ -431,7 +437,8 @@ def check_outputs(json_path: str | None, plot_path: str | None) -> None:
         if not os.path.isdir(folder):
             raise SystemExit(f"{flag} {path}: its folder {folder} does not exist; create it first (mkdir -p), or write "
                              "the file elsewhere")
-        if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)) \
+                or not can_write(path):
             raise SystemExit(f"{flag} {path}: cannot write there (no write permission); write the file elsewhere")
         if flag == "--plot":
             formats = plot_formats()
@@ -443,9 +450,31 @@ def check_outputs(json_path: str | None, plot_path: str | None) -> None:
                                  f"{', '.join(sorted(formats))})")
 
 
+def can_write(path: str) -> bool:
+    """Try it: open ``path`` for appending (an existing file keeps its content; a new one is removed again).
+    ``os.access`` answers yes to root everywhere (Colab, Docker), also where no file can be made (``/proc``)."""
+    existed = os.path.exists(path)
+    try:
+        with open(path, "a"):
+            pass
+    except OSError:
+        return False
+    if not existed:
+        os.remove(path)
+    return True
+
+
 def save_json(result: dict, path: str) -> None:
-    with open(path, "w") as f:
-        json.dump(result, f, indent=2)
+    """Write ``result`` to ``path``. If that fails after all (the disk filled up, the folder went away), the run is
+    not lost: it goes to a file in the temporary folder, and one ``error:`` line says where."""
+    text = json.dumps(result, indent=2)
+    try:
+        Path(path).write_text(text)
+    except OSError as exc:
+        fallback = Path(tempfile.mkstemp(prefix="specdec_edu_bench_", suffix=".json")[1])
+        fallback.write_text(text)
+        print(f"error: could not write {path} ({exc.strerror or exc}); the results went to {fallback}",
+              file=sys.stderr)
 
 
 # ---- command line: python -m specdec_edu bench ----------------------------------------------------
@@ -511,8 +540,11 @@ def main(args) -> int:
         batch_sizes = [int(b) for b in args.batch_sizes.split(",")] if args.batch_sizes.strip() else []
     except ValueError:
         raise SystemExit(f"--batch-sizes {args.batch_sizes!r}: give whole numbers separated by commas, e.g. 1,4,16") from None
-    if any(b < 1 for b in batch_sizes) or (batch_sizes and args.drafter != "model"):
-        raise SystemExit("--batch-sizes needs positive sizes and --drafter model (batched drafting uses a draft model)")
+    if any(b < 1 for b in batch_sizes):
+        raise SystemExit(f"--batch-sizes {args.batch_sizes!r}: every size must be 1 or more, e.g. 1,4,16")
+    if batch_sizes and args.drafter != "model":
+        raise SystemExit(f"--batch-sizes runs batched drafting, which uses a draft model: add --drafter model (not "
+                         f"{args.drafter}), or leave --batch-sizes out")
     try:
         hf_lookup = tuple(int(x) for x in args.hf_lookup.split(",")) if args.hf_lookup else None
         if hf_lookup is not None and (len(hf_lookup) != 2 or min(hf_lookup) < 1):
@@ -565,6 +597,11 @@ def main(args) -> int:
         save_json(result, args.json)
         print(f"wrote {args.json}")
     if args.plot:
-        plot_result(result, args.plot)
+        try:
+            plot_result(result, args.plot)
+        except OSError as exc:  # checked before the run, but a disk can fill up meanwhile: the table is above
+            print(f"error: could not write {args.plot} ({exc.strerror or exc}); the numbers are in the table above"
+                  + (f" and in {args.json}" if args.json else ""), file=sys.stderr)
+            return 1
         print(f"wrote {args.plot}")
     return 0

@@ -33,8 +33,9 @@ Three drafters are compared by default:
   end in the request *or* in the target's own earlier answers (``assets/feature_data``), extended
   by the most frequent continuation. It gets the open question, where prompt lookup finds little.
 
-``--drafter eagle`` / ``medusa`` / ``all`` add the feature drafters (``assets/eagle/``, ``assets/medusa/``,
-trained by ``scripts/train_feature_drafters.py``; not yet faster than the target on this CPU).
+``--drafter eagle`` or ``medusa`` runs one feature drafter alone, and ``all`` adds EAGLE to the three
+(``assets/eagle/``, ``assets/medusa/``, trained by ``scripts/train_feature_drafters.py``; not yet faster than
+the target on this CPU).
 
 With greedy decoding (the default) speculative decoding must produce *exactly* the target's
 own output; the demo checks that token for token and prints ``identical: yes``.
@@ -194,11 +195,11 @@ def warm_up(target, draft_model, kinds, input_ids, settings, eos_token_id) -> No
 # From two runs to the numbers of the analysis
 # --------------------------------------------------------------------------------------
 def target_step_seconds(baseline) -> float:
-    """Seconds of one target-only decoding step (one forward, one token; prefill excluded)."""
+    """Seconds of one target-only decoding step (one forward, one token; prefill excluded); NaN where the run
+    took none (one new token comes from the prefill): c and the verify cost are then n/a, not a ratio to the
+    prefill."""
     stats = baseline.stats
-    if stats.rounds:
-        return stats.verify_seconds / stats.rounds
-    return stats.seconds / max(1, stats.new_tokens)
+    return stats.verify_seconds / stats.rounds if stats.rounds else float("nan")
 
 
 def analyse(kind, prompt, input_ids, baseline, speculative, settings, costs=None) -> DrafterReport:
@@ -341,6 +342,17 @@ def _shorten(text: str, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def verify_cost_note(reports: list[DrafterReport]) -> str:
+    """What this run measured for checking γ+1 tokens, in target steps: more than one, about one, or n/a."""
+    costs = [r.verify_cost for r in reports if r.verify_cost == r.verify_cost]
+    if not costs:
+        return " (not measured here: no target-only decoding step was timed)"
+    low, high = min(costs), max(costs)
+    size = "more than one" if low > 1.1 else "about one" if high < 1.1 else "one or more"
+    span = f"{low:.2f}" if high - low < 0.005 else f"{low:.2f}–{high:.2f}"
+    return f" (here checking γ+1 tokens cost {span} target steps: {size})"
+
+
 def print_summary(reports: list[DrafterReport], settings: DemoSettings, out: TextIO) -> None:
     """Print the table and the one-line explanations that go with it."""
     mode = f"sampling, T={settings.temperature}, seed {settings.seed}" if settings.sample else "greedy"
@@ -349,8 +361,7 @@ def print_summary(reports: list[DrafterReport], settings: DemoSettings, out: Tex
     print(format_table(reports, settings.gamma), file=out)
     print("predicted speedup: Leviathan et al., (1 − α^(γ+1)) / ((1 − α)(γc + 1)), which "
           "assumes a verify pass costs one target step;\n'with that cost' replaces the 1 "
-          "by the measured verify cost (on a CPU, checking γ+1 tokens costs more than one).",
-          file=out)
+          f"by the measured verify cost{verify_cost_note(reports)}.", file=out)
     for report in reports:
         if report.difference_note:
             print(f"{DRAFTER_LABELS[report.drafter]}: {report.difference_note}", file=out)
@@ -372,11 +383,14 @@ def run_demo(target, draft_model, tokenizer, settings: DemoSettings | None = Non
 
     warm_ids = chat_prompt(tokenizer, "Hello!", device=target.device)
     warm_up(target, draft_model, settings.drafters, warm_ids, settings, tokenizer.eos_token_id)
-    reports = [compare_drafter(target, draft_model, tokenizer, kind, settings)
-               for kind in settings.drafters]
     print(legend(settings.color), file=out)
-    for report in reports:
-        print_report(report, tokenizer, settings, out)
+    reports = []
+    for i, kind in enumerate(settings.drafters, start=1):  # each drafter's output as soon as it is measured
+        print(f"[{i}/{len(settings.drafters)}] {DRAFTER_LABELS[kind]}: target-only and speculative, "
+              f"{settings.repeats} run{'s' if settings.repeats > 1 else ''} each ...", file=sys.stderr, flush=True)
+        reports.append(compare_drafter(target, draft_model, tokenizer, kind, settings))
+        print_report(reports[-1], tokenizer, settings, out)
+        out.flush()
     print_summary(reports, settings, out)
     return reports
 
@@ -404,6 +418,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def settings_from_args(args: argparse.Namespace, out: TextIO) -> DemoSettings:
     """Turn parsed flags into :class:`DemoSettings`."""
     drafters = DRAFTER_SETS.get(args.drafter, (args.drafter,))
+    if args.prompt is not None and not args.prompt.strip():  # `or default_prompt` would replace it in silence
+        raise SystemExit("--prompt is empty: give the text to answer, or leave --prompt out for each drafter's own")
     if not args.sample and (args.temperature is not None or args.seed is not None):  # they would be ignored in silence
         raise SystemExit("--temperature and --seed set how --sample draws: add --sample, or leave them out "
                          "(greedy decoding draws nothing)")

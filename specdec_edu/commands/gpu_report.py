@@ -167,7 +167,8 @@ def run_report(target, draft, tokenizer, settings: ReportSettings | None = None,
     fell_back = " (compiling failed here: see the warning above)" if compiles_by_default(device) and not compiled else ""
     say(f"path:   {compiled_path(device) if compiled else 'eager'}{fell_back}; SPECDEC_EDU_COMPILE=0/1/inductor changes it")
     loaded = f"load {load_seconds:.1f} s + " if load_seconds is not None else ""
-    say(f"cold start in this process: {loaded}compile/capture and first token {first:.1f} s "
+    first_part = "compile/capture and first token" if compiled else "first token (eager: nothing to compile)"
+    say(f"cold start in this process: {loaded}{first_part} {first:.1f} s "
         "(scripts/cold_start.py times a fresh process, part by part)")
 
     costs = step_costs(target, draft, settings.gamma, compiled, settings.bandwidth_bytes, repeats=3 * settings.repeats)

@@ -283,6 +283,8 @@ def _load_named_pair(name: str, device: torch.device, dtype: torch.dtype):
     from transformers import AutoTokenizer
 
     ids = PAIRS[name]
+    # said first: without a network the Hub client retries for about a minute before the error below
+    print(f"loading the {name!r} pair's tokenizer from the Hugging Face hub ...", file=sys.stderr, flush=True)
     try:
         tokenizer = AutoTokenizer.from_pretrained(ids["target"])
         target = _load_from_hub(ids["target"], device, dtype)

