@@ -154,6 +154,11 @@ class GenerationStats:
         A rate judged a handful of times is noise (its standard error is about sqrt(α(1 − α)/judged))."""
         return self._judged_and_accepted(gamma)[0]
 
+    def accepted_per_position(self, gamma: int) -> list[int]:
+        """How many drafts were accepted at positions 1..γ: the numerators of :meth:`alpha_per_position` (counts
+        add up over runs, where rates do not)."""
+        return self._judged_and_accepted(gamma)[1]
+
     @property
     def acceptance_rate(self) -> float:
         """accepted / drafted: the share of all proposed draft tokens that were kept."""

@@ -347,3 +347,4 @@ def test_alpha_per_position_counts_only_judged_drafts():
     stats = GenerationStats(drafted_per_round=[4, 4, 2, 0], accepted_per_round=[4, 1, 0, 0])
     assert stats.alpha_per_position(4) == [2 / 3, 1 / 2, 1.0, 1.0]
     assert stats.judged_per_position(4) == [3, 2, 1, 1]
+    assert stats.accepted_per_position(4) == [2, 1, 1, 1]

@@ -179,7 +179,7 @@ def test_alpha_per_position_after_an_eos_cut(target):
     s = speculative_generate(target, target, PROMPTS[4][None], max_new_tokens=8, gamma=3, eos_token_id=eos).stats
     assert s.new_tokens == 2 and s.drafted_per_round == [3] and s.alpha == 1.0
     assert same_floats(s.alpha_per_position(3), [1.0, 1.0, float("nan")])
-    assert s.judged_per_position(3) == [1, 1, 0]
+    assert s.judged_per_position(3) == [1, 1, 0] and s.accepted_per_position(3) == [1, 1, 0]
 
 
 # ---- a drafter's token ids must be integers (issue 19, bug 5) -----------------------------------------------
