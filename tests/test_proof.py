@@ -139,12 +139,13 @@ def test_inputs_that_are_not_distributions_are_refused():
 
 
 def test_the_sum_tolerance_is_the_one_stated():
-    """Rows must sum to 1 within 1e-5, as check_distribution says; allclose's default relative tolerance had made it
-    1.1e-5 where the docstring said 1e-6. 1 + 5e-6 passes, 1 + 1.05e-5 does not."""
+    """Rows must sum to 1 within 1e-4, as check_distribution says. The docstring said 1e-6 while allclose's default
+    relative tolerance made it 1.1e-5, and a float32 softmax over the embedded target's 49,152 ids is off by up to
+    5e-5 (measured at T = 0.3–1.5): such a p, passed as it comes, was refused. 1 + 5e-5 passes, 1 + 1.05e-4 not."""
     p = P_REAL.double() / P_REAL.double().sum()
-    assert token_chi2([1, 2], p * (1 + 5e-6)).p_value >= 0  # accepted
+    assert token_chi2([1, 2], p * (1 + 5e-5)).p_value >= 0  # accepted
     with pytest.raises(ValueError, match="p must hold distributions"):
-        token_chi2([1, 2], p * (1 + 1.05e-5))
+        token_chi2([1, 2], p * (1 + 1.05e-4))
 
 
 def accept_with_one_uniform_per_round(p, q, draft_tokens, generator=None):

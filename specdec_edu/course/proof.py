@@ -82,11 +82,11 @@ class ChiSquareResult:
 
 
 def check_distribution(x: torch.Tensor, name: str) -> torch.Tensor:
-    """``x`` ``[..., V]`` if each row is a distribution (no negative entry, sums to 1 within 1e-5, which float32
-    rounding over a large vocabulary stays far inside), else a ValueError: the exact probabilities would not sum to 1,
-    and the test would compare counts with a wrong expectation."""
+    """``x`` ``[..., V]`` if each row is a distribution (no negative entry, sums to 1 within 1e-4: a float32 softmax
+    over the embedded target's 49,152 ids is off by up to 5e-5), else a ValueError: the exact probabilities would not
+    sum to 1, and the test would compare counts with a wrong expectation."""
     sums = x.double().sum(-1)
-    if bool((x < 0).any()) or not torch.allclose(sums, torch.ones_like(sums), rtol=0, atol=1e-5):
+    if bool((x < 0).any()) or not torch.allclose(sums, torch.ones_like(sums), rtol=0, atol=1e-4):
         raise ValueError(f"{name} must hold distributions (rows >= 0 that sum to 1); its rows sum to "
                          f"{[round(v, 6) for v in sums.flatten().tolist()[:4]]}: normalise it (x / x.sum(-1, keepdim=True))")
     return x
