@@ -471,7 +471,9 @@ def save_json(result: dict, path: str) -> None:
     try:
         Path(path).write_text(text)
     except OSError as exc:
-        fallback = Path(tempfile.mkstemp(prefix="specdec_edu_bench_", suffix=".json")[1])
+        handle, name = tempfile.mkstemp(prefix="specdec_edu_bench_", suffix=".json")
+        os.close(handle)  # mkstemp opened it; write_text opens it again
+        fallback = Path(name)
         fallback.write_text(text)
         print(f"error: could not write {path} ({exc.strerror or exc}); the results went to {fallback}",
               file=sys.stderr)
