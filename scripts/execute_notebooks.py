@@ -27,6 +27,8 @@ Each notebook runs top to bottom in a fresh ``python3`` kernel from the ``notebo
 tagged ``colab``, ``gpu`` or ``hub`` skipped (as in CI; their source stays, with no output). Then the progress
 bars are removed, with their stored widget state: GitHub shows a bar's first frame, "0%", forever, and the work
 it tracked is printed by the cell anyway. Sliders and other real widgets are kept.
+Outputs that hold an install log or a path of this machine (``tests/notebook_outputs.py``; the embedded pair's
+first use in a kernel logs both) are never written over a committed notebook: the run stops there and says so.
 Run it on a quiet machine: several notebooks print timings, and their prose is checked against them
 (``tests/test_notebook_claims.py``).
 
@@ -49,6 +51,7 @@ costs less than its lost row.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import sys
@@ -65,6 +68,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the package, from a checkout
 sys.path.insert(0, str(ROOT / "tests"))  # the list of skipped tags lives with the tests (CI reads it there)
 from claims_eval import failed_checks  # noqa: E402  (the evaluator the claims test uses)
+from notebook_outputs import machine_text  # noqa: E402  (install logs and machine paths: never committed)
 from notebook_tags import skipped as skipped_tags  # noqa: E402  (one list of skipped tags, shared with CI)
 
 PROGRESS = re.compile(r"^\s*[^|]*(\d+%\||\d+it \[)")  # tqdm's text: "desc:  40%|████  | 2/5 [..]", no total: "desc: 0it [..]"
@@ -93,10 +97,33 @@ def drop_progress_bars(nb) -> int:
                 kept.append(output)
         cell.outputs = kept
     state = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state")
-    if state is not None:  # the bar's models (and their layout/style children) are not needed without the views
+    if state is not None:  # the bar's models, and their children (number, text, layout, style), go with its view
         for model_id in dropped_ids:
             state.pop(model_id, None)
+        drop_unreachable_widgets(nb, state)
+        if not state:  # no widget left to show: no widget block at all, as in a notebook that never had one
+            nb.metadata.pop("widgets")
     return removed
+
+
+WIDGET_REF = re.compile(r'IPY_MODEL_([\w-]+)|"model_id": "([\w-]+)"')  # a model's reference to another one
+
+
+def drop_unreachable_widgets(nb, state: dict) -> None:
+    """Remove from ``state`` (the stored widget state) each model that no view left in ``nb``'s outputs reaches,
+    directly or through its children (``IPY_MODEL_<id>`` references, or an Output widget's own views): nothing
+    renders it, and a progress bar's leftover children are ~800 bytes each."""
+    todo = [output["data"][WIDGET_VIEW].get("model_id") for cell in nb.cells for output in cell.get("outputs", [])
+            if WIDGET_VIEW in output.get("data", {})]
+    reached = set()
+    while todo:
+        model_id = todo.pop()
+        if model_id in reached or model_id not in state:
+            continue
+        reached.add(model_id)
+        todo += [a or b for a, b in WIDGET_REF.findall(json.dumps(state[model_id]))]
+    for model_id in set(state) - reached:
+        del state[model_id]
 
 
 def execute(path: Path, timeout: int, destination: Path | None = None, deadline: float | None = None) -> float:
@@ -126,6 +153,11 @@ def execute(path: Path, timeout: int, destination: Path | None = None, deadline:
     seconds = time.perf_counter() - start
     _restore_skipped(nb, skipped)
     bars = drop_progress_bars(nb)
+    found = machine_text(nb)
+    if found and (destination or path) == path:  # a committed notebook keeps its outputs
+        raise RuntimeError(f"{path.name}: the outputs hold an install log or a machine path, so they were not written "
+                           f"({len(found)} lines, first: {found[0]}). If it was the embedded pair's first use, it "
+                           "is built now: run again.")
     nbformat.write(nb, destination or path)
     print(f"{path.name}: {seconds:.0f} s, {bars} progress bars removed", flush=True)
     return seconds

@@ -8,7 +8,10 @@ from pathlib import Path
 import nbformat
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+from notebook_outputs import machine_text  # noqa: E402  (tests/ is on the path, as for claims_eval)
+
 import execute_notebooks  # noqa: E402
 
 
@@ -182,3 +185,24 @@ def test_a_notebook_that_fails_in_place_keeps_its_committed_outputs(tmp_path):
     with pytest.raises(Exception, match="ZeroDivisionError"):
         execute_notebooks.execute(path, timeout=60, destination=path)  # as main() calls it without --scratch
     assert path.read_text() == before
+
+
+def test_an_install_log_is_never_written_over_a_committed_notebook(tmp_path, capsys):
+    # What the embedded pair's first use printed inside a kernel, executing notebook 07 in place on a fresh machine.
+    log = "[specdec_edu] first use: building the embedded target in /root/.cache/specdec_edu/x"
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(f"import sys; print({log!r}, file=sys.stderr)")])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    path = tmp_path / "00_log.ipynb"
+    nbformat.write(nb, path)
+    before = path.read_text()
+    with pytest.raises(RuntimeError, match="install log or a machine path.*cell 0: .*first use"):
+        execute_notebooks.execute(path, timeout=60, destination=path)  # in place
+    assert path.read_text() == before
+    copy = tmp_path / "copy.ipynb"  # a scratch copy is nobody's committed output: it is written
+    execute_notebooks.execute(path, timeout=60, destination=copy)
+    assert machine_text(nbformat.read(copy, as_version=4)) == [f"cell 0: {log}"]
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")), ids=lambda p: p.name[:2])
+def test_committed_outputs_hold_no_install_log_or_machine_path(path):
+    assert machine_text(nbformat.read(path, as_version=4)) == []

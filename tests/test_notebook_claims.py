@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from claims_eval import MIME, claims, evaluate, failed_checks, recorded_values
 
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"  # a widget's view in an output
+
 NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 
@@ -133,11 +135,38 @@ def test_execute_script_drops_progress_bars_and_keeps_sliders():
     no_total = nbformat.v4.new_output("display_data", data={view: {"model_id": "bar2"}, "text/plain": "head: 0it [00:00, ?it/s]"})
     printed = nbformat.v4.new_output("stream", text="done: 5 runs\n")
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(outputs=[bar, slider, no_total, printed])])
-    nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {"bar": {}, "slider": {}, "bar2": {}}}}
+    # A bar's view is an HBox whose children have children (a layout, a style); the slider has a layout too, and the
+    # output widget shows a view of its own (the plot a callback redraws).
+    state = {"bar": {"state": {"children": ["IPY_MODEL_bar-n", "IPY_MODEL_bar-text"]}},
+             "bar-n": {"state": {"layout": "IPY_MODEL_bar-n-layout"}}, "bar-n-layout": {}, "bar-text": {},
+             "slider": {"state": {"layout": "IPY_MODEL_slider-layout", "out": "IPY_MODEL_out"}}, "slider-layout": {},
+             "out": {"state": {"outputs": [{"data": {view: {"model_id": "shown-in-out"}}}]}}, "shown-in-out": {},
+             "bar2": {}, "never-shown": {}}
+    nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": state}}
     assert module.drop_progress_bars(nb) == 2
     assert [o.get("data", {}).get("text/plain", o.get("text")) for o in nb.cells[0].outputs] == \
         ["FloatSlider(value=0.5)", "done: 5 runs\n"]
-    assert list(nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]) == ["slider"]
+    assert sorted(nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]) == \
+        ["out", "shown-in-out", "slider", "slider-layout"]
+    del nb.cells[0].outputs[0]  # without the slider no widget is left: no widget block either
+    module.drop_progress_bars(nb)
+    assert "widgets" not in nb.metadata
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_committed_widget_state_holds_only_what_a_view_shows(path):
+    """A model that no committed view reaches (a removed progress bar's children) renders nowhere: it is weight."""
+    nb = load(path)
+    state = nb["metadata"].get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
+    outputs = [o for c in nb["cells"] for o in c.get("outputs", [])]
+    reached, todo = set(), [o["data"][WIDGET_VIEW]["model_id"] for o in outputs if WIDGET_VIEW in o.get("data", {})]
+    while todo:
+        model_id = todo.pop()
+        if model_id in state and model_id not in reached:
+            reached.add(model_id)
+            todo += re.findall(r"IPY_MODEL_([\w-]+)", json.dumps(state[model_id]))
+            todo += re.findall(r'"model_id": "([\w-]+)"', json.dumps(state[model_id]))
+    assert sorted(set(state) - reached) == [], f"{path.name}: widget models that no view shows"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
