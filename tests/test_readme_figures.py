@@ -263,7 +263,7 @@ FIGURES: list[tuple[str, list]] = [
                         ("open-ended question", "open")]],
     (rf"best fixed γ = {NUM} / dynamic γ \| — \| 0\.8 \| — \| \*\*{NUM}×\*\* / {NUM} of it \| notebook 07\*",
      [nb("07", "g_best_dial"), nb("07", "dial_best"), nb("07", "dyn_ratio_dial")]),
-    (rf"on a slower 2-core CPU \(a target step of {NUM} ms inside its loop\)", [nb("07", "t_step_ms")]),
+    (rf"on a 2-core CPU whose target step inside the loop took {NUM} ms", [nb("07", "t_step_ms")]),
     (rf"prompt lookup, best fixed γ = {NUM} / dynamic γ \| copy from the input \| — \| — \| \*\*{NUM}×\*\* / {NUM} of it",
      [nb("07", "g_best_lookup"), nb("07", "lookup_best"), nb("07", "dyn_ratio_look")]),
     (rf"open chat \| — \| — \| {NUM}× \(ours in the same run: {NUM}×\) \| notebook 10",
