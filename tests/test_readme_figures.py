@@ -384,7 +384,7 @@ FIGURES: list[tuple[str, list]] = [
      [js(LOOKUP, "speedup"), round_overhead]),
     (rf"it loses at every size: {NUM}× / {NUM}× / {NUM}× at batch 1 / 4 / 16", [batched(b, "speedup") for b in (1, 4, 16)]),
     # The suffix drafter
-    (rf"below τ = `min_prob` \({NUM}, chosen on the tuning prompts", [suffix_default("min_prob")]),
+    (rf"below `min_prob` \({NUM}, chosen on the tuning prompts", [suffix_default("min_prob")]),
     (rf"the index over a million tokens holds {NUM} MB and builds in {NUM} s; one more answer is added in {NUM} ms\. "
      rf"One `propose` takes {NUM} µs at the median on contexts the corpus holds, against a {NUM} ms target step: c = {NUM}\.",
      [js(SUFFIX_BUDGET, "index_mb"), js(SUFFIX_BUDGET, "build_s"), js(SUFFIX_BUDGET, "add_one_answer_ms"),

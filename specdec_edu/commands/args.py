@@ -49,7 +49,7 @@ def positive_number(text: str) -> float:
 
 
 def probability(text: str) -> float:
-    """A finite number in [0, 1] (a probability threshold: the suffix drafter's τ)."""
+    """A finite number in [0, 1] (a probability threshold: the suffix drafter's min_prob)."""
     value = _finite_number(text)
     if not 0 <= value <= 1:
         raise argparse.ArgumentTypeError(f"{value} is not a probability, a number in [0, 1]")

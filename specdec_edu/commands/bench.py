@@ -382,7 +382,8 @@ def format_table(result: dict) -> str:
         rows.append(f"| {name} | {tps:.1f} | {tps / base:.2f} | {same} |")
     rows.append("")
     rows.append(
-        f"α = {result['alpha']:.3f}, τ = {result['tau']:.2f} tokens/round, c = {result['c']:.3f}, γ = {result['gamma']}; "
+        f"α = {result['alpha']:.3f}, τ = {result['tau']:.2f} tokens per target forward, c = {result['c']:.3f}, "
+        f"γ = {result['gamma']}; "
         f"Leviathan prediction {result['predicted_speedup']:.2f}× "
         f"({result['predicted_speedup_measured_verify']:.2f}× with the measured verify cost "
         f"t(γ+1)/t(1) = {result['verify_cost']:.2f}); measured {result['speedup']:.2f}×"
@@ -491,7 +492,8 @@ def add_arguments(parser) -> None:
                         help="default: built-in prompts; the others are assets/eval/prompts.json's sets (reworded: "
                         "the originals' answers are added to the suffix drafter's global index first)")
     parser.add_argument("--suffix-min-prob", type=probability, default=None,
-                        help=f"suffix drafter's τ (default {SUFFIX_MIN_PROB}), a number in [0, 1]")
+                        help=f"the suffix drafter stops before its draft's empirical probability falls below this "
+                             f"(SuffixDrafter's min_prob, default {SUFFIX_MIN_PROB}), a number in [0, 1]")
     parser.add_argument("--suffix-spec-factor", type=positive_number, default=None,
                         help="suffix drafter's budget per matched token, > 0")
     parser.add_argument("--limit", type=positive_int, default=None, help="only the first N prompts of the set")
