@@ -170,6 +170,7 @@ def test_cli_parses_demo_flags():
     (["demo", "--sample", "--temperature", "nan"], "--temperature: nan is not a finite number > 0"),
     (["bench", "--limit", "0"], "argument --limit: 0 is not a whole number >= 1"),
     (["bench", "--threads", "-1"], "argument --threads: -1 is not a whole number >= 1"),
+    (["demo", "--threads", "0"], "argument --threads: 0 is not a whole number >= 1"),
     (["bench", "--batch-new-tokens", "0"], "argument --batch-new-tokens: 0 is not"),
     (["bench", "--pair", "foo"], "argument --pair: invalid choice: 'foo'"),
     (["gpu-report", "--pair", "foo"], "argument --pair: invalid choice: 'foo'"),
@@ -227,7 +228,8 @@ def test_real_demo_on_the_embedded_pair(capsys):
     assert main(["demo", "--max-new-tokens", "12", "--repeats", "1", "--no-color",
                  "--device", "cpu"]) == 0
     text, err = capsys.readouterr()
-    assert "running on cpu, float32, eager" in err  # the dtype too: SPECDEC_EDU_DTYPE=fp16 used to run unannounced
+    assert re.search(r"running on cpu with \d+ threads?, float32, eager", err)  # the dtype too: SPECDEC_EDU_DTYPE=fp16
+    # used to run unannounced
     for row in SUMMARY_ROWS:
         assert row in text
     assert "NO, from token" not in text
@@ -326,3 +328,19 @@ def test_a_commands_own_refusal_is_one_error_line_with_exit_status_2(argv, says,
     monkeypatch.setattr(demo, "load_models", lambda *a, **k: pytest.fail("loaded models before checking the flags"))
     assert main(argv) == 2
     assert capsys.readouterr().err.startswith(says)
+
+
+def test_demo_threads_sets_torchs_threads_and_says_so(tiny_pair, char_tokenizer, monkeypatch, capsys):
+    """The CPU's speed, and so every ratio the demo prints, depends on the thread count: bench had --threads, demo
+    neither had it nor said how many threads it ran on."""
+    target, draft = tiny_pair
+    seen = []
+    monkeypatch.setattr(demo, "load_models", lambda settings, device: (target, draft, char_tokenizer))
+    monkeypatch.setattr(demo, "run_demo", lambda *a: seen.append(torch.get_num_threads()))
+    before = torch.get_num_threads()
+    try:
+        assert main(["demo", "--threads", "1", "--device", "cpu"]) == 0
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [1]
+    assert "running on cpu with 1 thread, float32, eager" in capsys.readouterr().err

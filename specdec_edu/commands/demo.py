@@ -412,6 +412,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=positive_int, default=2,
                         help="timed runs per decoder; the fastest counts (default 2)")
     parser.add_argument("--device", default=None, help="cuda, mps or cpu (default: best available)")
+    parser.add_argument("--threads", type=positive_int, default=None,
+                        help="torch CPU threads (default: torch's); the CPU's speed, and so every ratio, depends on it")
     parser.add_argument("--no-color", action="store_true", help="plain-text markers, no ANSI colour")
 
 
@@ -474,11 +476,15 @@ def main(args: argparse.Namespace, out: TextIO | None = None) -> int:
     except EmbeddedModelError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    if args.threads:
+        torch.set_num_threads(args.threads)
     from ..generate import compiles_by_default
 
     path = "compiled (the warm-up compiles)" if compiles_by_default(target.device) else "eager"
     dtype = str(next(target.parameters()).dtype).removeprefix("torch.")  # SPECDEC_EDU_DTYPE can change it: say which
-    print(f"running on {target.device}, {dtype}, {path}: warm-up, then target-only and speculative decoding "
+    threads = torch.get_num_threads()
+    where = f"cpu with {threads} thread{'s' * (threads != 1)}" if target.device.type == "cpu" else str(target.device)
+    print(f"running on {where}, {dtype}, {path}: warm-up, then target-only and speculative decoding "
           "alternately ...", file=sys.stderr, flush=True)
     run_demo(target, draft, tokenizer, settings, out)
     return 0
