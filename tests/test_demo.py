@@ -228,8 +228,8 @@ def test_real_demo_on_the_embedded_pair(capsys):
     assert main(["demo", "--max-new-tokens", "12", "--repeats", "1", "--no-color",
                  "--device", "cpu"]) == 0
     text, err = capsys.readouterr()
-    assert re.search(r"running on cpu with \d+ threads?, float32, eager", err)  # the dtype too: SPECDEC_EDU_DTYPE=fp16
-    # used to run unannounced
+    # the dtype too: SPECDEC_EDU_DTYPE=fp16 used to run unannounced
+    assert re.search(r"running on cpu with \d+ threads?, float32, eager", err)
     for row in SUMMARY_ROWS:
         assert row in text
     assert "NO, from token" not in text

@@ -187,7 +187,7 @@ def test_a_notebook_that_fails_in_place_keeps_its_committed_outputs(tmp_path):
     assert path.read_text() == before
 
 
-def test_an_install_log_is_never_written_over_a_committed_notebook(tmp_path, capsys):
+def test_an_install_log_is_never_written_over_a_committed_notebook(tmp_path):
     # What the embedded pair's first use printed inside a kernel, executing notebook 07 in place on a fresh machine.
     log = "[specdec_edu] first use: building the embedded target in /root/.cache/specdec_edu/x"
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(f"import sys; print({log!r}, file=sys.stderr)")])
