@@ -185,10 +185,10 @@ def test_bad_flags_are_refused_in_one_line_before_any_model_loads(argv, says, ca
     assert re.search(says, capsys.readouterr().err)
 
 
-@pytest.mark.parametrize("name", ["xpu", "meta", "cuda:7"])
+@pytest.mark.parametrize("name", ["xpu", "meta", "cuda:7", "cuda:1"])  # cuda:1: one past the last, on a one-GPU machine
 def test_a_device_the_course_cannot_run_on_is_named(name, monkeypatch):
     """xpu and meta passed the check and failed deep inside the first load (an AssertionError from torch); cuda:7 on
-    a one-GPU machine likewise. (CUDA is faked present for cuda:7: this machine may have none.)"""
+    a one-GPU machine likewise, and cuda:1 there too. (CUDA is faked present: this machine may have none.)"""
     from specdec_edu.models.devices import requested_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

@@ -146,6 +146,11 @@ def test_the_rounding_step_is_the_gap_to_the_next_number(value, dtype, step):
     assert float(x + torch.tensor(step, dtype=dtype)) > float(x) and float(x + torch.tensor(step / 4, dtype=dtype)) == float(x)
 
 
+def test_the_rounding_step_at_a_logit_of_0_is_the_smallest_normal_number_not_0():
+    """A top logit of exactly 0 with a measured spread of 0 must still allow one step, or no margin could pass."""
+    assert rounding_step(0.0, torch.bfloat16) == torch.finfo(torch.bfloat16).tiny > 0
+
+
 def test_the_spread_is_rounding(target, bf16_case):
     """Scoring γ + 1 tokens in one forward or one at a time agrees to rounding (on this CPU even bf16 can agree
     exactly: its kernels accumulate in fp32; a GPU's need not); too short a context is a clear error."""

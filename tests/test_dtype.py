@@ -226,6 +226,7 @@ def test_a_random_target_needs_no_download(monkeypatch):
 @pytest.mark.parametrize("capability, dtype, says", [
     ((7, 5), torch.bfloat16, "no native bf16: emulated, slower than fp16"),  # asked for bf16 on a T4
     ((9, 0), torch.float16, "has bf16 in hardware, but fp16 was chosen"),
+    ((8, 0), torch.float16, "has bf16 in hardware, but fp16 was chosen"),  # an A100 or L4: 8.x has it too
     ((7, 5), torch.float32, "full precision"),  # an fp16 pair reloaded in fp32 after an overflow, or the embedded one
 ])
 def test_the_dtype_line_explains_the_dtype_in_use(gpu, monkeypatch, capability, dtype, says):

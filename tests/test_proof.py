@@ -189,3 +189,15 @@ def test_the_chi2_tests_take_float64_on_the_host():
     with Float64OnlyOnTheHost():
         assert token_chi2([0, 1, 0, 2], p).n == 4
         assert 0 <= token_chi2_power(torch.tensor([0.2, 0.3, 0.5]), p, n=50) <= 1
+
+
+def test_a_p_off_by_less_than_the_tolerance_is_tested_not_refused_by_scipy():
+    """check_distribution lets a row sum to 1 ± 1e-4 (a float32 softmax); the expected counts are then rescaled to
+    the observed total, which scipy's chisquare requires (without it: "sum of the observed frequencies must agree")."""
+    result = token_chi2(torch.arange(4).repeat(50), torch.tensor([0.25, 0.25, 0.25, 0.25005], dtype=torch.float64))
+    assert result.n == 200 and result.p_value > 0.99  # 50 of each: the counts match p
+
+
+def test_a_negative_entry_is_no_distribution_even_if_the_row_sums_to_1():
+    with pytest.raises(ValueError, match="p must hold distributions"):
+        token_chi2([0, 1], torch.tensor([0.6, 0.6, -0.2], dtype=torch.float64))

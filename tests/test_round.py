@@ -228,3 +228,29 @@ def test_model_shapes_live_with_the_models(target):
     assert (head_rows(target), max_positions(target)) == (64, 256)  # conftest's tiny_llama
     gpt2_like = SimpleNamespace(config=SimpleNamespace(n_positions=16))  # GPT-2 names its limit n_positions
     assert max_positions(gpt2_like) == 16
+
+
+# Pinned where a hand mutation of result.py went unseen by the suite.
+def test_an_eos_among_the_accepted_drafts_of_a_rejected_round_is_no_rejection():
+    """Drafts 5 and 7 accepted, 9 rejected (3 would replace it), and 7 is the EOS: the answer ends at 7, so the
+    rejection was never emitted and never judged: α = 2 / 2, not 2 / 3."""
+    clock = result_module.PhaseClock(torch.device("cpu"), profile=False)
+    recorder = result_module.RoundRecorder(5, max_new_tokens=10, eos=frozenset({7}), max_pos=None, clock=clock)
+    phases = {"draft": 0.0, "verify_forward": 0.0, "accept_resample": 0.0, "cache_crop": 0.0}
+    assert recorder.add([5, 7, 9], 2, 3, phases) == [5, 7]
+    assert recorder.sources == ["accepted", "accepted"] and recorder.stats.stopped_by == "eos"
+    assert (recorder.stats.rejected_rounds, recorder.stats.alpha) == (0, 1.0)
+
+
+def test_verify_seconds_hold_the_forward_and_the_rule():
+    """c and the target's seconds per forward read verify_seconds: the verify forward plus the accept/resample
+    step, without the draft or the cache crop."""
+    stats = GenerationStats()
+    stats.record_times({"draft": 1.0, "verify_forward": 2.0, "accept_resample": 3.0, "cache_crop": 4.0}, profile=False)
+    assert (stats.draft_seconds, stats.verify_seconds, stats.verify_seconds_per_round) == (1.0, 5.0, [5.0])
+
+
+def test_pooled_stats_of_generations_that_stopped_differently_say_mixed():
+    eos, limit = GenerationStats(stopped_by="eos"), GenerationStats(stopped_by="max_new_tokens")
+    assert GenerationStats.pooled([eos, limit]).stopped_by == "mixed"
+    assert GenerationStats.pooled([eos, GenerationStats(stopped_by="eos")]).stopped_by == "eos"

@@ -125,3 +125,37 @@ def test_alpha_one_maps_back_to_one_at_every_gamma_c_and_verify_cost():
 def test_inputs_outside_the_formulas_are_refused(call, says):
     with pytest.raises(ValueError, match=says):
         call()
+
+
+# The edges of the formulas, each pinned where a mutation of the guard went unseen (a hand mutation audit).
+def test_tokens_per_round_just_below_alpha_1_still_grows():
+    """α = 1 − 1e-9 gives γ + 1 − 1e-8 tokens (to first order γ(γ+1)/2 · (1 − α)), not exactly γ + 1: the plain form
+    loses those digits to cancellation, the expm1 form keeps them."""
+    assert expected_tokens_per_round(1 - 1e-9, 4) == pytest.approx(5 - 1e-8, rel=0, abs=1e-12)
+
+
+def test_optimal_gamma_breaks_ties_towards_not_speculating():
+    assert optimal_gamma(0.0, 0.0) == 0  # every γ gives exactly 1x: no reason to draft
+
+
+def test_optimal_gamma_refuses_a_negative_ceiling():
+    with pytest.raises(ValueError):
+        optimal_gamma(0.8, 0.1, max_gamma=-1)
+
+
+def test_alpha_from_tau_exact_ends_and_an_impossible_tau():
+    assert alpha_from_tau(5, 4) == 1.0 and alpha_from_tau(1, 4) == 0.0  # exactly, not a tolerance short
+    with pytest.raises(ValueError, match="tau must lie in"):
+        alpha_from_tau(5.5, 4)  # more than γ + 1 tokens per round: a mismeasured τ, not α ≈ 1
+
+
+def test_alpha_for_speedup_refuses_zero_and_what_alpha_1_cannot_reach():
+    with pytest.raises(ValueError, match="speedup must be > 0"):
+        alpha_for_speedup(0, 4, 0.1)
+    with pytest.raises(ValueError, match="out of reach"):  # 0.01 % above α = 1's own speedup
+        alpha_for_speedup(1.0001 * expected_speedup(1.0, 4, 0.2), 4, 0.2)
+
+
+def test_total_variation_refuses_a_row_that_sums_to_1_03():
+    with pytest.raises(ValueError, match="summing to 1.03"):
+        total_variation([0.5, 0.53], [0.5, 0.5])
