@@ -109,11 +109,10 @@ def drop_progress_bars(nb) -> int:
 WIDGET_REF = re.compile(r'IPY_MODEL_([\w-]+)|"model_id": "([\w-]+)"')  # a model's reference to another one
 
 
-def drop_unreachable_widgets(nb, state: dict) -> None:
-    """Remove from ``state`` (the stored widget state) each model that no view left in ``nb``'s outputs reaches,
-    directly or through its children (``IPY_MODEL_<id>`` references, or an Output widget's own views): nothing
-    renders it, and a progress bar's leftover children are ~800 bytes each."""
-    todo = [output["data"][WIDGET_VIEW].get("model_id") for cell in nb.cells for output in cell.get("outputs", [])
+def reachable_widgets(nb, state: dict) -> set[str]:
+    """The models of ``state`` (the stored widget state) that a view in ``nb``'s outputs reaches, directly or through
+    its children (``IPY_MODEL_<id>`` references, or an Output widget's own views): the ones a reader can see."""
+    todo = [output["data"][WIDGET_VIEW].get("model_id") for cell in nb["cells"] for output in cell.get("outputs", [])
             if WIDGET_VIEW in output.get("data", {})]
     reached = set()
     while todo:
@@ -122,7 +121,13 @@ def drop_unreachable_widgets(nb, state: dict) -> None:
             continue
         reached.add(model_id)
         todo += [a or b for a, b in WIDGET_REF.findall(json.dumps(state[model_id]))]
-    for model_id in set(state) - reached:
+    return reached
+
+
+def drop_unreachable_widgets(nb, state: dict) -> None:
+    """Remove from ``state`` each model that no view left in ``nb`` reaches: nothing renders it, and a progress
+    bar's leftover children are ~800 bytes each."""
+    for model_id in set(state) - reachable_widgets(nb, state):
         del state[model_id]
 
 

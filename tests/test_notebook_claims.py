@@ -12,8 +12,6 @@ from pathlib import Path
 import pytest
 from claims_eval import MIME, claims, evaluate, failed_checks, recorded_values
 
-WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"  # a widget's view in an output
-
 NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 
@@ -118,17 +116,22 @@ def test_no_stalled_progress_bars(path):
             assert not re.search(r"\b0%\||\b0it \[", text), f"{path.name} cell {i}: a progress bar committed at 0%"
 
 
-def test_execute_script_drops_progress_bars_and_keeps_sliders():
-    """scripts/execute_notebooks.py removes tqdm widgets (and their state) but keeps a real widget (a slider)."""
+def execute_script():
+    """scripts/execute_notebooks.py, loaded as a module."""
     import importlib.util
-
-    import nbformat
 
     script = Path(__file__).resolve().parent.parent / "scripts" / "execute_notebooks.py"
     spec = importlib.util.spec_from_file_location("execute_notebooks", script)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
 
+
+def test_execute_script_drops_progress_bars_and_keeps_sliders():
+    """scripts/execute_notebooks.py removes tqdm widgets (and their state) but keeps a real widget (a slider)."""
+    import nbformat
+
+    module = execute_script()
     view = module.WIDGET_VIEW
     bar = nbformat.v4.new_output("display_data", data={view: {"model_id": "bar"}, "text/plain": "χ²:  40%|████  | 2/5"})
     slider = nbformat.v4.new_output("display_data", data={view: {"model_id": "slider"}, "text/plain": "FloatSlider(value=0.5)"})
@@ -158,15 +161,8 @@ def test_committed_widget_state_holds_only_what_a_view_shows(path):
     """A model that no committed view reaches (a removed progress bar's children) renders nowhere: it is weight."""
     nb = load(path)
     state = nb["metadata"].get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
-    outputs = [o for c in nb["cells"] for o in c.get("outputs", [])]
-    reached, todo = set(), [o["data"][WIDGET_VIEW]["model_id"] for o in outputs if WIDGET_VIEW in o.get("data", {})]
-    while todo:
-        model_id = todo.pop()
-        if model_id in state and model_id not in reached:
-            reached.add(model_id)
-            todo += re.findall(r"IPY_MODEL_([\w-]+)", json.dumps(state[model_id]))
-            todo += re.findall(r'"model_id": "([\w-]+)"', json.dumps(state[model_id]))
-    assert sorted(set(state) - reached) == [], f"{path.name}: widget models that no view shows"
+    shown = execute_script().reachable_widgets(nb, state)  # the walk the executor drops the rest by
+    assert sorted(set(state) - shown) == [], f"{path.name}: widget models that no view shows"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
