@@ -84,22 +84,19 @@ def is_progress_bar(output) -> bool:
 
 def drop_progress_bars(nb) -> int:
     """Remove progress-bar outputs (and their stored widget state); return how many were removed."""
-    removed, dropped_ids = 0, set()
+    removed = 0
     for cell in nb.cells:
         if cell.cell_type != "code":
             continue
         kept = []
         for output in cell.get("outputs", []):
             if is_progress_bar(output):
-                dropped_ids.add(output["data"][WIDGET_VIEW].get("model_id"))
                 removed += 1
             else:
                 kept.append(output)
         cell.outputs = kept
     state = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state")
     if state is not None:  # the bar's models, and their children (number, text, layout, style), go with its view
-        for model_id in dropped_ids:
-            state.pop(model_id, None)
         drop_unreachable_widgets(nb, state)
         if not state:  # no widget left to show: no widget block at all, as in a notebook that never had one
             nb.metadata.pop("widgets")
