@@ -126,7 +126,7 @@ class GenerationStats:
         """Per-token acceptance rate α: of the drafts the target *judged*, the fraction accepted.
 
         Drafts after the first rejection in a round are never judged, so
-        accepted / drafted (``acceptance_rate``) underestimates α; this is the
+        accepted / drafted (``accepted_per_drafted``) underestimates α; this is the
         estimate that Leviathan's formula (1 − α^(γ+1)) / (1 − α) expects.
         """
         judged = self.accepted + self.rejected_rounds
@@ -160,9 +160,17 @@ class GenerationStats:
         return self._judged_and_accepted(gamma)[1]
 
     @property
-    def acceptance_rate(self) -> float:
-        """accepted / drafted: the share of all proposed draft tokens that were kept."""
+    def accepted_per_drafted(self) -> float:
+        """accepted / drafted: the share of all proposed draft tokens that were kept. Not α: the drafts after a
+        round's first rejection are never judged, so this is lower than :attr:`alpha`."""
         return self.accepted / self.drafted if self.drafted else float("nan")
+
+    @property
+    def acceptance_rate(self) -> float:
+        # The course calls α the acceptance rate, and this name once meant accepted / drafted: refuse it, naming both.
+        raise AttributeError("stats.acceptance_rate is ambiguous and was removed: the acceptance rate α of "
+                             "Leviathan's formula (accepted / judged) is stats.alpha; accepted / drafted is "
+                             "stats.accepted_per_drafted")
 
     @property
     def tau(self) -> float:

@@ -126,7 +126,8 @@ def test_bench_model_drafter(tmp_path, target, closer_draft, own_cost_per_call):
     # α, τ and the acceptance rate are those of the per-prompt runs, pooled (not averaged per prompt).
     pooled = our_pooled_stats(target, closer_draft, inputs, max_new_tokens=12, gamma=3)
     assert 0 < pooled.alpha < 1  # an imperfect draft: the check below sees accepts and rejects
-    assert (result["alpha"], result["tau"], result["acceptance_rate"]) == (pooled.alpha, pooled.tau, pooled.acceptance_rate)
+    assert ((result["alpha"], result["tau"], result["accepted_per_drafted"])
+            == (pooled.alpha, pooled.tau, pooled.accepted_per_drafted))
 
     save_json(result, tmp_path / "r.json")
     assert json.loads((tmp_path / "r.json").read_text()) == result

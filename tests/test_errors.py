@@ -253,3 +253,14 @@ def test_an_accept_fn_that_accepts_more_drafts_than_it_was_given_is_named(target
     for ids in (IDS, IDS.repeat(2, 1)):
         with pytest.raises(ValueError, match=r"accept_fn must return \(n, next_token\) with 0 <= n"):
             spec(target, draft, ids, accept_fn=broken, do_sample=True)
+
+
+def test_the_ambiguous_acceptance_rate_name_is_refused_naming_alpha_and_accepted_per_drafted():
+    """The course calls α the acceptance rate; ``stats.acceptance_rate`` used to be accepted / drafted, a
+    lower number. Reading it now fails and names both, so no code takes one for the other in silence."""
+    from specdec_edu import GenerationStats
+
+    s = GenerationStats(drafted=8, accepted=3, rejected_rounds=2)
+    assert (s.alpha, s.accepted_per_drafted) == (3 / 5, 3 / 8)
+    with pytest.raises(AttributeError, match=r"stats\.alpha.*stats\.accepted_per_drafted"):
+        s.acceptance_rate  # noqa: B018 (the read is the test)

@@ -178,7 +178,7 @@ def test_stats_are_consistent(target, close_draft, generator):
     assert s.new_tokens == 40 == sum(s.tokens_per_round) == len(sources)
     assert s.rounds == len(s.accepted_per_round) and s.accepted == sum(s.accepted_per_round)
     assert s.drafted == sum(s.drafted_per_round) and 0 <= s.accepted <= s.drafted
-    assert 0 < s.alpha <= 1 and s.acceptance_rate <= s.alpha
+    assert 0 < s.alpha <= 1 and s.accepted_per_drafted <= s.alpha
     assert s.tau == pytest.approx(40 / s.rounds)
     # One time per round, adding up to the totals (what the timers measure: test_round.py's fake clock).
     assert len(s.draft_seconds_per_round) == len(s.verify_seconds_per_round) == s.rounds == len(s.rejected_per_round)

@@ -407,7 +407,7 @@ FIGURES: list[tuple[str, list]] = [
      [*spread(*(js(SUFFIX_BENCH[key], "before_index_fix", "speculative_vs_hf_prompt_lookup") for key in SUFFIX_BENCH)),
       *spread(*(js(SUFFIX_BENCH[key], "before_index_fix", "speedup") for key in SUFFIX_BENCH))]),
     (rf"the drafter drafts far fewer than γ tokens in most rounds \({NUM}–{NUM} on average", [*spread(*(
-        (lambda key=key: (result(SUFFIX_BENCH[key])["tau"] - 1) / result(SUFFIX_BENCH[key])["acceptance_rate"])
+        (lambda key=key: (result(SUFFIX_BENCH[key])["tau"] - 1) / result(SUFFIX_BENCH[key])["accepted_per_drafted"])
         for key in SUFFIX_BENCH))]),
     (rf"from α {NUM} with the request alone to {NUM} with all of it\. The speedup went from {NUM}× to {NUM}× with all of "
      rf"it \({NUM}× and {NUM}× at a quarter and at half of it",

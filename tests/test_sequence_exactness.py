@@ -184,5 +184,5 @@ def test_eos_inside_accepted_drafts_counts_only_emitted_tokens(target, do_sample
     assert out.token_sources[0] == ["accepted"] * (k + 1)
     assert out.token_sources[0].count("accepted") == out.stats.accepted == out.stats.new_tokens == k + 1
     assert out.stats.drafted == gamma and out.stats.rejected_rounds == 0 and out.stats.alpha == 1.0
-    assert out.stats.acceptance_rate == (k + 1) / gamma  # of the γ drafted, only the emitted k + 1 count
+    assert out.stats.accepted_per_drafted == (k + 1) / gamma  # of the γ drafted, only the emitted k + 1 count
     assert out.stats.accepted_per_round == [k + 1] and out.stats.tokens_per_round == [k + 1]

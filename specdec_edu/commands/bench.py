@@ -328,7 +328,7 @@ def summarise(target, draft, results, drafter, gamma, inputs, compiled=False, pr
         "speculative_tok_s": spec.median,
         "speedup": spec.median / base.median,
         "alpha": alpha,
-        "acceptance_rate": pooled.acceptance_rate,
+        "accepted_per_drafted": pooled.accepted_per_drafted,
         "tau": tau,
         "c": c,
         "verify_cost": verify_cost,
