@@ -243,7 +243,7 @@ class StaticKV:
     forward tells the layers where to write (see ``forward_at_positions``). ``write`` runs
     one forward at the next positions and counts them only once it has returned, so a
     forward that raises (or is interrupted) leaves ``length`` as it was; it refuses, naming
-    the fix, once ``max_len`` would be exceeded.
+    the fix, once ``max_len`` or the model's position limit would be exceeded.
 
     With ``compile=True`` every forward goes through fixed-shape code (see ``forward_compiled``:
     CUDA graphs recorded from the eager forward by default on CUDA, ``torch.compile``'d code
@@ -338,7 +338,8 @@ class StaticKV:
             # course runs float32 to be exact, so that advice is noise here (it showed in 7 of the 12 notebooks on an H200).
             warnings.filterwarnings("ignore", message="TensorFloat32 tensor cores", category=UserWarning)
             for width in self.widths:
-                n = min(width, self.max_len)  # a cache shorter than a width still runs it: the padded tail has spare slots
+                # a cache (or a model's position limit) shorter than a width still runs it: the padded tail has spare slots
+                n = min(width, self.max_len, self.position_limit or width)
                 for _ in range(calls):
                     self.write(self.compiled_step(model, width), model, torch.zeros(1, width, dtype=torch.long,
                                                                                     device=self.device), n)
@@ -358,6 +359,13 @@ class StaticKV:
             raise ValueError(
                 f"the static cache holds {self.max_len} positions but needs {self.length + n}: pass a larger "
                 "max_cache_len (at least prompt length + max_new_tokens + gamma), or use compile=False."
+            )
+        if self.position_limit is not None and self.length + n > self.position_limit:
+            # forward_at_positions clamps positions to the limit for the padded tail's sake: a real token past it
+            # would be read at the last position, and its logits would be wrong without an error.
+            raise ValueError(
+                f"this write needs positions up to {self.length + n}, past the model's {self.position_limit} "
+                "(max_position_embeddings): stop the sequence at the model's limit, as speculative_generate does."
             )
         positions = torch.arange(self.length, self.length + input_ids.shape[-1], device=self.device)
         out = step(model, input_ids, self, positions, **kwargs)
@@ -515,8 +523,8 @@ def forward_at_positions(model: torch.nn.Module, input_ids: torch.Tensor, static
     The model reads each token's position from ``position_ids``, kept below the model's position
     limit: a padded tail (``forward_compiled``) near the limit would otherwise ask a GPT-2-style
     model for a position embedding it lacks (an IndexError on the CPU, a device-side assert that
-    kills the process on CUDA). Only padded slots are ever clamped (callers keep real tokens within
-    the limit), and they still get their own slots past the real ones, so the padding's K/V (computed
+    kills the process on CUDA). Only padded slots are ever clamped (``StaticKV.write`` refuses a real token
+    past the limit), and they still get their own slots past the real ones, so the padding's K/V (computed
     at the clamped position) land where the cache does not count them, never over a real token's.
     """
     for counter in static.counters():

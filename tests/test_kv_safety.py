@@ -67,6 +67,21 @@ def test_rolling_back_past_the_start_raises(target):
     assert kv.cache_length(dynamic) == 3
 
 
+def test_a_static_cache_refuses_a_negative_rollback_and_no_room(target):
+    """``StaticKV.rollback(-n)`` would move the write position forward, over slots no completed forward counted (a
+    rejected draft's K/V, or zeros): the next token would attend to them, with no error. It raises instead, as
+    ``kv.crop`` does, and the length stays."""
+    static = kv.new_static_cache(target, 16)
+    with torch.no_grad():
+        kv.forward_cached(target, torch.tensor([[1, 2, 3, 4]]), static)
+    kv.crop(static, 2)
+    with pytest.raises(ValueError, match="cannot roll back -2 positions"):
+        static.rollback(-2)
+    assert kv.cache_length(static) == 2
+    with pytest.raises(ValueError, match="max_len=0: a static cache needs room for at least one position"):
+        kv.new_static_cache(target, 0)
+
+
 class Interrupted(Exception):
     pass
 
@@ -138,6 +153,25 @@ def test_a_compiled_gpt2_pair_generates_up_to_its_position_limit():
     assert out.row(0).tolist() == base.row(0).tolist()
 
 
+def test_a_static_cache_refuses_a_real_token_past_the_position_limit():
+    """``forward_at_positions`` keeps positions below the model's limit for a padded tail's sake, so a *real* token
+    past it would be read at the last position: its logits wrong, with no error (a dynamic cache gives this RoPE
+    model the full forward's logits there). The static cache refuses that write and keeps its length; up to the limit
+    it equals the full forward. A compiled cache for a limit below its widest width (8 < 16) still builds."""
+    model, ids = tiny_llama(seed=0, max_positions=8), torch.arange(1, 13)[None]
+    with torch.no_grad():
+        full = model(ids).logits
+        dynamic = kv.forward_cached(model, ids, kv.new_cache(model)).logits
+        torch.testing.assert_close(dynamic, full, rtol=1e-5, atol=1e-5)  # what a clamped row would differ from
+        for compile in (False, True):
+            static = kv.new_static_cache(model, 16, compile=compile, compile_options=COMPILE)
+            out = kv.forward_cached(model, ids[:, :8], static)  # exactly up to the limit: fine
+            torch.testing.assert_close(out.logits, full[:, :8], rtol=1e-5, atol=1e-5)
+            with pytest.raises(ValueError, match=r"positions up to 9, past the model's 8 \(max_position_embeddings\)"):
+                kv.forward_cached(model, ids[:, 8:9], static)
+            assert kv.cache_length(static) == 8
+
+
 # ---- 4. two drafters of one model share its compiled cache without losing their K/V --------------------------
 
 
@@ -194,6 +228,20 @@ def test_the_compiled_path_copies_only_the_rows_it_keeps(monkeypatch):
         out = kv.forward_cached(model, torch.arange(1, 41)[None], static, logits_to_keep=1)
         expected = model(torch.arange(1, 41)[None]).logits[:, -1:]
     assert copies.rows == [1]
+    torch.testing.assert_close(out.logits, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("keep", [4, 6, 20])
+def test_the_compiled_path_keeps_the_last_rows_across_chunks(monkeypatch, keep):
+    """``logits_to_keep=k`` keeps the last k real rows even where they start in an earlier chunk (20 tokens: chunks of
+    16 and 4; k = 6 starts 2 rows before the last chunk). Without the clamp to 0, a negative offset into the later chunk
+    would drop rows without an error."""
+    model = tiny_llama(seed=3)
+    static = posing_as_compiled(kv.new_static_cache(model, 64), monkeypatch)
+    with torch.no_grad():
+        out = kv.forward_cached(model, torch.arange(1, 21)[None], static, logits_to_keep=keep)
+        expected = model(torch.arange(1, 21)[None]).logits[:, -keep:]
+    assert out.logits.shape == expected.shape and kv.cache_length(static) == 20
     torch.testing.assert_close(out.logits, expected, rtol=1e-5, atol=1e-5)
 
 
@@ -300,6 +348,23 @@ def test_a_linear_attention_cache_layer_is_refused_whatever_the_config_calls_it(
     kv.check_rollback_possible(llama, [])  # the control: attention only
     with pytest.raises(ValueError, match=r"LlamaForCausalLM: it has layers with a recurrent state \(LinearAttentionLayer\)"):
         kv.check_rollback_possible(llama, [transformers.cache_utils.LinearAttentionLayer()])
+
+
+def test_a_config_that_declares_recurrent_layers_is_refused_without_any_cache_layer():
+    """The config alone (``layer_types`` or ``layers_block_type``) refuses a hybrid: on 4.x there are no cache layers to
+    inspect, so the config's layer names are the only sign of a recurrent state that a rollback cannot put back."""
+    from types import SimpleNamespace
+
+    llama = tiny_llama(seed=3)
+    llama.config = SimpleNamespace(**llama.config.to_dict())  # the same model, with layer names to declare
+    for field, names, kind in (("layer_types", ["linear_attention", "full_attention"], "linear_attention"),
+                               ("layers_block_type", ["mamba", "attention"], "mamba")):
+        setattr(llama.config, field, names)
+        with pytest.raises(ValueError, match=rf"it has layers with a recurrent state \({kind}\)"):
+            kv.check_rollback_possible(llama, [])
+        delattr(llama.config, field)
+    llama.config.layer_types = ["full_attention", "sliding_attention"]  # the control: attention only
+    kv.check_rollback_possible(llama, [])
 
 
 def test_a_forward_that_drops_its_cache_is_refused_at_the_prefill():

@@ -383,3 +383,79 @@ def test_corpus_answers_are_the_answers_only():
     with np.load(ROOT / "assets" / "feature_data" / "answers_0000.npz") as f:
         first = f["tokens"][f["prompt_lengths"][0]: f["lengths"][0]]
     assert np.array_equal(answers[0], first) and sum(map(len, answers)) > 200_000
+
+
+# ---- boundaries (mutation audit) ---------------------------------------------------------------------
+
+
+def test_a_single_occurrence_draft_stops_at_its_documents_end():
+    """One occurrence: its continuation is copied up to the separator, never including it (a draft token of -1 is no
+    token: the target would be asked to verify an id outside its vocabulary)."""
+    tokens = np.array([1, 2, 3, 4, SEPARATOR, 7, 8, SEPARATOR], dtype=np.int32)
+    assert greedy_continuation(tokens, np.array([2]), budget=5, min_prob=0.1) == ([4], [1.0])
+    assert greedy_continuation(tokens, np.array([3]), budget=5, min_prob=0.1) == ([], [])
+    corpus = CorpusIndex(max_match=4)
+    corpus.add([1, 2, 3, 4])
+    corpus.add([7, 8])
+    drafter = SuffixDrafter(corpus, max_match=4, min_corpus_match=1, spec_factor=4.0)
+    drafted, q = drafter.propose(torch.tensor([9, 2, 3]), gamma=8)
+    assert drafted.tolist() == [4] and drafter.last["source"] == "corpus" and q.shape == (1, 5)
+
+
+def test_min_prob_stops_only_below_it():
+    """``min_prob``: stop before a token that would bring the path's probability *below* it; equal is kept."""
+    tokens = np.array([1, 2, SEPARATOR, 1, 3, SEPARATOR], dtype=np.int32)
+    ends = np.array([0, 3])  # "1" followed once by 2, once by 3 (the latest): f = 1/2
+    assert greedy_continuation(tokens, ends, budget=3, min_prob=0.5) == ([3], [0.5])
+    assert greedy_continuation(tokens, ends, budget=3, min_prob=0.51) == ([], [])
+
+
+def test_count_refuses_a_pattern_one_token_longer_than_max_match():
+    index = CorpusIndex(max_match=3)
+    index.add([0, 1, 0, 1, 0, 1])
+    assert index.count([1, 0, 1]) == 2
+    with pytest.raises(ValueError, match="at most max_match = 3"):
+        index.count([0, 1, 0, 1])
+
+
+def test_spec_offset_adds_to_the_budget():
+    """budget = min(γ, ⌊spec_factor · m⌋ + spec_offset)."""
+    context = torch.tensor([1, 2, 3, 4, 5, 6, 1])  # m = 1: "1" ended at 0
+    assert SuffixDrafter(spec_factor=1.0).propose(context, gamma=8)[0].tolist() == [2]
+    assert SuffixDrafter(spec_factor=1.0, spec_offset=2).propose(context, gamma=8)[0].tolist() == [2, 3, 4]
+    assert SuffixDrafter(spec_factor=1.0, spec_offset=20).propose(context, gamma=4)[0].tolist() == [2, 3, 4, 5]
+
+
+def test_a_match_whose_continuation_is_cut_counts_as_no_draft():
+    """A match whose first token already falls below min_prob drafts nothing: the round is counted as "none"."""
+    drafter = SuffixDrafter(min_prob=0.9)
+    tokens, _ = drafter.propose(torch.tensor([1, 2, 1, 3, 1]), gamma=4)  # "1" → 2 or 3: f = 1/2 < 0.9
+    assert tokens.tolist() == [] and drafter.rounds == {"request": 0, "corpus": 0, "none": 1}
+    assert drafter.last["source"] == "none"
+
+
+def test_the_vocabulary_guard_refuses_the_first_id_past_the_vocabulary(target):
+    drafter = SuffixDrafter()
+    drafter.add([3, target.config.vocab_size - 1])
+    drafter.check_target(target)  # the largest id the target has: fine
+    drafter.add([3, target.config.vocab_size])
+    with pytest.raises(ValueError, match="vocabulary"):
+        drafter.check_target(target)
+
+
+def test_the_request_index_keeps_its_tokens_when_its_buffer_grows():
+    """The int32 buffer starts at 256 tokens and doubles: a request extended past it, a few tokens at a time (as a
+    generation does), keeps every earlier token, and the drafts read from it are the request's own continuation."""
+    rng = np.random.default_rng(0)
+    request = rng.integers(0, 50, 300).tolist()
+    index = RequestIndex(max_match=4)
+    for start in range(0, 300, 7):
+        index.extend(request[start: start + 7])
+    assert np.array_equal(index.tokens, np.array(request, dtype=np.int32))
+    drafter = SuffixDrafter(max_match=4, spec_factor=4.0, min_prob=0.0)
+    context = request[:250] + request[100:110]  # a repeat at the end: its continuation is read from the buffer
+    drafter.propose(torch.tensor(context[:250]), gamma=8)
+    drafted, _ = drafter.propose(torch.tensor(context), gamma=8)  # extends the index past 256 tokens
+    m, ends = drafter.request.longest_match()
+    expected, _ = greedy_continuation(np.array(context, dtype=np.int32), ends, min(8, 4 * m), 0.0)
+    assert len(drafter.request) == 260 and m == 4 and len(expected) == 8 and drafted.tolist() == expected
