@@ -443,6 +443,31 @@ def test_capture_on_a_cpu_falls_back_to_eager_naming_cuda():
     assert not out.stats.compiled and out.sequences.tolist() == eager.sequences.tolist()
 
 
+def test_a_captured_step_warms_up_then_records_then_replays_at_the_given_positions(monkeypatch):
+    """One ``CapturedStep`` on the CPU (``fake_recording``): its 1st call runs eagerly and records nothing (on CUDA the
+    warm-up lets cuBLAS and the allocator set up what a recording must not allocate); the 2nd records; later calls
+    replay at the positions they are given, and each returns its own output object over the graph's tensors (a caller
+    that replaces a field, as ``forward_compiled`` does, must not change what the next replay returns). Before (a
+    mutation audit): each of recording at the 1st call, replaying at the recorded positions, and returning the
+    recorded object itself went unnoticed by the tests of whole generations, or not all of them."""
+    log = []
+    monkeypatch.setattr(kv, "record_cuda_graph", fake_recording(log))
+    model, step = tiny_llama(seed=3), kv.CapturedStep()
+    static = kv.new_static_cache(model, 16)
+    ids = torch.tensor([[4, 5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        expected = model(ids).logits
+        step(model, ids[:, :2], static, torch.arange(2))
+        assert log == [] and step.graph is None
+        out = step(model, ids[:, :2], static, torch.arange(2))
+        assert log == ["record", "replay"]
+        out["logits"] = out["logits"][:, -1:].clone()  # what forward_compiled does with a replay's output
+        for start in (2, 4):
+            out = step(model, ids[:, start:start + 2], static, torch.arange(start, start + 2))
+            torch.testing.assert_close(out.logits, expected[:, start:start + 2], rtol=1e-4, atol=1e-5)
+    assert log == ["record", "replay", "replay", "replay"]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_captured_cuda_graphs_give_the_targets_greedy_tokens_on_cuda(prompt):

@@ -192,6 +192,136 @@ def test_two_compiled_drafters_of_one_model_take_turns_on_its_cache(draft, gener
             contexts[drafter] = torch.cat([context, tokens.cpu()[:2], torch.tensor([9])])  # 2 accepted, then the target's
 
 
+# ---- 4b. the shared compiled cache: one per model, role, options and dtype -------------------------------------
+
+
+def fake_compiled_caches(monkeypatch, fail_for=()):
+    """``kv.new_static_cache`` without compiling: an eager ``StaticKV`` that carries the options it was asked for;
+    it raises as a failing compiler would for a backend named in ``fail_for``. Returns the ``max_len`` of each made."""
+    made = []
+
+    def new_static_cache(model, max_len, compile=False, compile_options=None):
+        if (compile_options or {}).get("backend") in fail_for:
+            raise RuntimeError("Feature '.bf16' requires .target sm_80 or higher")
+        static = kv.StaticKV(model, max_len)
+        static.compile_options = kv.full_compile_options(model.device, compile_options)
+        made.append(max_len)
+        return static
+
+    monkeypatch.setattr(kv, "new_static_cache", new_static_cache)
+    return made
+
+
+def test_a_drafter_starts_over_once_the_shared_cache_was_handed_out_again(monkeypatch, generator):
+    """``shared_static_cache`` hands the draft model's cache to another user (``forward_seconds`` times it so), who
+    writes over it: the drafter that held it must not reuse its K/V. Before (a mutation audit: the holder's mark
+    not cleared there) the drafter kept its mark, fed its next token at the rewound cache's end, and q was
+    conditioned on the other user's tokens, with no error. The shared cache is made eager here: nothing compiles."""
+    fake_compiled_caches(monkeypatch)
+    draft = tiny_llama(seed=3)
+    drafter = ModelDrafter(draft, compile=True, compile_options=COMPILE)
+    to_probs = lambda logits: logits_to_probs(logits, temperature=1.0)
+    context = torch.tensor([3, 1, 4, 1, 5])
+    tokens, _ = drafter.propose(context, 3, to_probs, generator)
+    other = kv.shared_static_cache(draft, 8, COMPILE, role="draft")
+    assert other is drafter.static and other.holder is None
+    kv.forward_cached(draft, torch.tensor([[7, 7, 7, 7]]), other)
+    context = torch.cat([context, tokens.cpu()[:2], torch.tensor([9])])  # 2 accepted, then the target's
+    tokens, q = drafter.propose(context, 3, to_probs, generator)
+    assert_q_is_the_draft_model(drafter, draft, context, tokens, q, to_probs)
+
+
+def test_a_compiled_drafter_feeds_only_what_its_cache_lacks_and_starts_over_at_reset(monkeypatch, generator):
+    """On the shared cache, a drafter that still holds it feeds only the tokens after its cached prefix and drafts
+    (the target's token, then γ − 1 drafts); ``reset`` rewinds the cache for the next prompt. Before (a mutation
+    audit): without its holder mark the drafter refed its whole context every round (same q, many more tokens), and
+    a reset that did not rewind wrote the next prompt after the last one's K/V (q wrong, with no error). The shared
+    cache is made eager here: nothing compiles."""
+    fake_compiled_caches(monkeypatch)
+    draft = tiny_llama(seed=3)
+    drafter = ModelDrafter(draft, compile=True, compile_options=COMPILE)
+    to_probs = lambda logits: logits_to_probs(logits, temperature=1.0)
+    context = torch.tensor([3, 1, 4, 1, 5])
+    tokens, _ = drafter.propose(context, 3, to_probs, generator)
+    fed, forward_cached = [], kv.forward_cached
+    monkeypatch.setattr(kv, "forward_cached", lambda model, ids, cache, **kwargs: fed.append(ids.shape[1])
+                        or forward_cached(model, ids, cache, **kwargs))
+    context = torch.cat([context, tokens.cpu()[:2], torch.tensor([9])])  # 2 accepted, then the target's
+    tokens, q = drafter.propose(context, 3, to_probs, generator)
+    assert fed == [1, 1, 1] and kv.cache_length(drafter.static) == len(context) + 2
+    assert_q_is_the_draft_model(drafter, draft, context, tokens, q, to_probs)
+    drafter.reset()
+    assert kv.cache_length(drafter.static) == 0
+    context = torch.tensor([2, 7, 1, 8])
+    tokens, q = drafter.propose(context, 3, to_probs, generator)
+    assert_q_is_the_draft_model(drafter, draft, context, tokens, q, to_probs)
+
+
+def test_a_long_input_runs_in_chunks_of_the_widest_width(monkeypatch):
+    """A prefill goes in chunks of ``max(WIDTHS)``, each padded to the next width: 20 tokens run as 16 + 8 (pad 4).
+    Before (a mutation audit: chunks of 8) the same logits came out of twice the forwards, unnoticed."""
+    model, widths = tiny_llama(seed=3), []
+
+    def step(model, ids, static, positions, **kwargs):
+        widths.append(ids.shape[1])
+        return kv.forward_at_positions(model, ids, static, positions, **kwargs)
+
+    static = posing_as_compiled(kv.new_static_cache(model, 64), monkeypatch, step)
+    ids = torch.randint(0, 64, (1, 20), generator=torch.Generator().manual_seed(0))
+    out = kv.forward_cached(model, ids, static)
+    assert widths == [16, 8] and kv.cache_length(static) == 20
+    torch.testing.assert_close(out.logits, model(ids).logits, rtol=1e-4, atol=1e-5)
+
+
+def test_a_one_position_compiled_cache_has_room_for_its_widest_padded_write(monkeypatch):
+    """Making a compiled cache runs every width once, even a width longer than the cache: a 1-position cache writes
+    16 positions (1 real, 15 padded), so its K/V need ``max(WIDTHS) - 1`` spare slots. Before (a mutation audit: one
+    spare slot fewer) making it raised an IndexError. Each width runs the eager code here (nothing compiles)."""
+    monkeypatch.setattr(kv.StaticKV, "compiled_step", lambda self, model, width: kv.forward_at_positions)
+    model = tiny_llama(seed=3)
+    static = kv.new_static_cache(model, 1, compile=True)
+    ids = torch.tensor([[5]])
+    with torch.no_grad():
+        torch.testing.assert_close(kv.forward_cached(model, ids, static).logits, model(ids).logits, rtol=1e-4, atol=1e-5)
+
+
+def test_the_shared_cache_length_is_a_power_of_two_of_at_least_256(monkeypatch):
+    """``min_len`` rounds up to a power of two, at least 256: a cache made again only when a longer one is asked for,
+    and always long enough. Before (a mutation audit: rounding one off) 257 positions got a 256-position cache."""
+    made, model = fake_compiled_caches(monkeypatch), tiny_llama(seed=3)
+    for min_len in (1, 200, 256, 257, 300, 512, 513):
+        assert kv.shared_static_cache(model, min_len).max_len >= min_len
+    assert made == [256, 512, 1024]
+
+
+def test_the_shared_cache_is_made_again_for_other_compile_options(monkeypatch):
+    """Another backend or mode gets a cache compiled with it. Before (a mutation audit: options not compared) the
+    first options' code ran for the second, so a notebook timing two backends timed one of them twice."""
+    fake_compiled_caches(monkeypatch)
+    model = tiny_llama(seed=3)
+    first = kv.shared_static_cache(model, 8, {"backend": "aot_eager"})
+    second = kv.shared_static_cache(model, 8, {"backend": "eager"})
+    assert second is not first and second.compile_options["backend"] == "eager"
+    assert kv.shared_static_cache(model, 8, {"backend": "eager"}) is second
+
+
+def test_a_remembered_compile_failure_holds_only_for_its_options_and_dtype(monkeypatch):
+    """A compile failure fails fast at the next call with the same options and dtype, and only then: other options, or
+    the model in another dtype, are tried. Before (a mutation audit: the failure's options ignored) one failure made
+    every later compiled cache of the model fail at once, and every generation ran eager."""
+    fake_compiled_caches(monkeypatch, fail_for={"bad"})
+    model = tiny_llama(seed=3)
+    with pytest.raises(RuntimeError, match="sm_80"):
+        kv.shared_static_cache(model, 8, {"backend": "bad"})
+    with pytest.raises(RuntimeError, match="failed before with these options, not retried: RuntimeError: .*sm_80"):
+        kv.shared_static_cache(model, 8, {"backend": "bad"})
+    assert kv.shared_static_cache(model, 8, {"backend": "aot_eager"}).compile_options["backend"] == "aot_eager"
+    model.to(torch.float64)
+    with pytest.raises(RuntimeError, match="sm_80") as error:
+        kv.shared_static_cache(model, 8, {"backend": "bad"})
+    assert "failed before" not in str(error.value)
+
+
 # ---- 5. a prefill keeps only the logits a round reads ----------------------------------------------------------
 
 

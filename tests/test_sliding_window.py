@@ -95,6 +95,19 @@ def test_fully_accepted_rounds_keep_sliding_layers_within_the_window(pair):
     assert kv.cache_length(cache) == 28  # the positions still count
 
 
+def test_the_sliding_layer_probe_answers_as_the_version_notes_say():
+    """``_full_sliding_layers`` decides whether sliding layers are kept in full, and the test above skips itself on its
+    answer: so its answer is checked here against the version notes, not against itself. 5.17's recording sliding
+    layer returns everything it recorded (keep them in full); 5.20+ only what the mask covers (keep the window).
+    Before (a mutation audit: the probe answering "in full" on 5.25) nothing failed, only memory grew."""
+    import transformers
+
+    release = tuple(int(part) for part in transformers.__version__.split(".")[:2])
+    if not kv._RECORDS_PAST or not (release == (5, 17) or release >= (5, 20)):
+        pytest.skip(f"transformers {transformers.__version__}: the version notes say nothing of its probe")
+    assert kv._full_sliding_layers() == (release == (5, 17))
+
+
 @pytest.mark.parametrize("gamma", range(1, 7))
 def test_greedy_speculative_equals_generate(pair, gamma):
     target, close_draft, unrelated_draft = pair
