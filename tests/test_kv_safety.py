@@ -212,17 +212,24 @@ def fake_compiled_caches(monkeypatch, fail_for=()):
     return made
 
 
-def test_a_drafter_starts_over_once_the_shared_cache_was_handed_out_again(monkeypatch, generator):
-    """``shared_static_cache`` hands the draft model's cache to another user (``forward_seconds`` times it so), who
-    writes over it: the drafter that held it must not reuse its K/V. Before (a mutation audit: the holder's mark
-    not cleared there) the drafter kept its mark, fed its next token at the rewound cache's end, and q was
-    conditioned on the other user's tokens, with no error. The shared cache is made eager here: nothing compiles."""
+def first_round_on_a_shared_cache(monkeypatch, generator):
+    """A compiled ``ModelDrafter`` of a tiny draft (its shared cache made eager) after one round of 3 drafts: the drafter,
+    the draft model, its ``to_probs``, the round's context and its drafts."""
     fake_compiled_caches(monkeypatch)
     draft = tiny_llama(seed=3)
     drafter = ModelDrafter(draft, compile=True, compile_options=COMPILE)
     to_probs = lambda logits: logits_to_probs(logits, temperature=1.0)
     context = torch.tensor([3, 1, 4, 1, 5])
     tokens, _ = drafter.propose(context, 3, to_probs, generator)
+    return drafter, draft, to_probs, context, tokens
+
+
+def test_a_drafter_starts_over_once_the_shared_cache_was_handed_out_again(monkeypatch, generator):
+    """``shared_static_cache`` hands the draft model's cache to another user (``forward_seconds`` times it so), who
+    writes over it: the drafter that held it must not reuse its K/V. Before (a mutation audit: the holder's mark
+    not cleared there) the drafter kept its mark, fed its next token at the rewound cache's end, and q was
+    conditioned on the other user's tokens, with no error. The shared cache is made eager here: nothing compiles."""
+    drafter, draft, to_probs, context, tokens = first_round_on_a_shared_cache(monkeypatch, generator)
     other = kv.shared_static_cache(draft, 8, COMPILE, role="draft")
     assert other is drafter.static and other.holder is None
     kv.forward_cached(draft, torch.tensor([[7, 7, 7, 7]]), other)
@@ -237,12 +244,7 @@ def test_a_compiled_drafter_feeds_only_what_its_cache_lacks_and_starts_over_at_r
     audit): without its holder mark the drafter refed its whole context every round (same q, many more tokens), and
     a reset that did not rewind wrote the next prompt after the last one's K/V (q wrong, with no error). The shared
     cache is made eager here: nothing compiles."""
-    fake_compiled_caches(monkeypatch)
-    draft = tiny_llama(seed=3)
-    drafter = ModelDrafter(draft, compile=True, compile_options=COMPILE)
-    to_probs = lambda logits: logits_to_probs(logits, temperature=1.0)
-    context = torch.tensor([3, 1, 4, 1, 5])
-    tokens, _ = drafter.propose(context, 3, to_probs, generator)
+    drafter, draft, to_probs, context, tokens = first_round_on_a_shared_cache(monkeypatch, generator)
     fed, forward_cached = [], kv.forward_cached
     monkeypatch.setattr(kv, "forward_cached", lambda model, ids, cache, **kwargs: fed.append(ids.shape[1])
                         or forward_cached(model, ids, cache, **kwargs))
