@@ -2,6 +2,7 @@
 target's distribution (sampling)."""
 
 import copy
+import itertools
 
 import pytest
 import torch
@@ -112,6 +113,76 @@ def test_padding_with_an_id_the_draft_lacks_is_never_read_by_the_draft():
     ids, mask = left_pad([torch.tensor(p) for p in prompts], pad=60)
     out = speculative_generate(target, draft, ids, attention_mask=mask, max_new_tokens=4, gamma=3, pad_token_id=60)
     assert [out.row(i).tolist() for i in range(2)] == alone(target, prompts, max_new_tokens=4)
+
+
+def test_a_single_left_padded_prompt_drops_its_padding(target, close_draft):
+    """A batch of ONE left-padded prompt (``[1, n]`` with a mask, as a tokenizer gives with padding to a fixed length)
+    takes the one-prompt path, which must drop the padding as the batch does: its tokens are those of the unpadded
+    prompt, both generators. Reading the pad ids as prompt tokens changes every continuation in silence."""
+    prompt = PROMPTS[3]
+    ids, mask = left_pad([prompt, torch.zeros(len(prompt) + 4, dtype=torch.long)])  # 4 columns of padding on row 0
+    ids, mask = ids[:1], mask[:1]
+    assert mask[0, :4].tolist() == [0] * 4  # the case meant
+    expected = reference(target, prompt, 12)[len(prompt):].tolist()
+    for out in (speculative_generate(target, close_draft, ids, attention_mask=mask, max_new_tokens=12, gamma=3),
+                autoregressive_generate(target, ids, attention_mask=mask, max_new_tokens=12)):
+        assert out.row(0).tolist() == expected
+        assert out.sequences[0, : ids.shape[1]].tolist() == ids[0].tolist()  # the prompt as given, padding kept
+
+
+def test_a_row_that_stops_at_the_targets_positions_rides_along_masked():
+    """A GPT-2 target (24 learned positions): row A (18 tokens) stops at the position limit after 6 new tokens while
+    row B goes on for 12. The finished row rides along in every later forward, masked: its position ids must stop
+    growing, or they pass position 23 and the position embedding raises IndexError (a device-side assert on a GPU),
+    losing both rows. Rotary targets (the Llama pairs) never notice. Speculative and target-only batches."""
+    target, draft = gpt2(seed=0, n_positions=24), gpt2(seed=1, n_positions=24)
+    prompts = [list(range(1, 19)), [5, 9, 3, 7]]
+    ids, mask = left_pad([torch.tensor(p) for p in prompts])
+    for generate in (lambda **kw: speculative_generate(target, draft, gamma=3, **kw),
+                     lambda **kw: autoregressive_generate(target, **kw)):
+        out = generate(input_ids=ids, attention_mask=mask, max_new_tokens=12)
+        assert [s.stopped_by for s in out.row_stats] == ["max_positions", "max_new_tokens"] and out.lengths == [6, 12]
+        assert [out.row(i).tolist() for i in range(2)] == alone(target, prompts, max_new_tokens=12)
+
+
+def capped_greedy(gamma, agreed):
+    """A greedy rule that accepts at most ``cap`` drafts, the cap cycling 0, 1, …, γ over its calls (rows in order,
+    round after round): rollbacks of every size, while every emitted token stays the target's argmax (exact output).
+    Appends to ``agreed``, per call, whether all of the round's drafts were the target's argmax."""
+    caps = itertools.cycle(range(gamma + 1))
+
+    def rule(p, q, drafts, generator):
+        agree = int((drafts == p[:-1].argmax(-1)).long().cumprod(0).sum())
+        agreed.append(agree == len(drafts))
+        n = min(agree, next(caps))
+        return n, p[n].argmax()
+
+    return rule
+
+
+def drafted_the_argmax(target, draft, prompts, gamma):
+    """For each round of each row still generating (finished rows ride along; their drafts mean nothing): did the
+    draft propose the target's argmax? One batched greedy run under ``capped_greedy``, output checked exact."""
+    ids, mask = left_pad(prompts)
+    agreed = []
+    out = speculative_generate(target, draft, ids, attention_mask=mask, max_new_tokens=20, gamma=gamma,
+                               accept_fn=capped_greedy(gamma, agreed))
+    for i, p in enumerate(prompts):
+        assert out.row(i).tolist() == reference(target, p, 20)[len(p):].tolist()
+    B = len(prompts)  # the rule is called row by row, every round: call k is row k % B in round k // B
+    return [a for k, a in enumerate(agreed) if k // B < out.row_stats[k % B].rounds]
+
+
+def test_a_batch_drafting_with_the_target_itself_drafts_the_targets_argmax(target):
+    """The draft's cache after a round must hold exactly each row's tokens: the kept drafts (x_γ too, which was never
+    fed while drafting, when all γ are kept), then the target's token, with every rejected slot masked. With the
+    target as its own draft (greedy) each draft is then the target's argmax, in every round and row, whatever the
+    rule kept (``capped_greedy``: 0 … γ drafts; 3 rows against a cycle of 4 caps, so each row meets every cap). A
+    draft that missed a token, or attended to a rejected one, drafts from the wrong context: the output stays exact,
+    only α falls, so no other test sees it. Control: with an unrelated draft the same check fails."""
+    agreed = drafted_the_argmax(target, target, PROMPTS[:3], gamma=3)
+    assert len(agreed) >= 20 and all(agreed)  # 27 row-rounds
+    assert not all(drafted_the_argmax(target, tiny_llama(seed=1), PROMPTS[:3], gamma=3))
 
 
 def batched_samples(target, draft, settings, **kwargs):

@@ -164,6 +164,20 @@ def test_a_draft_behind_lookup_that_first_drafts_past_its_limit_lets_the_target_
                              max_new_tokens=4)
 
 
+def test_lookup_drafts_a_single_token_too(close_draft):
+    """At γ = 1 (or where a match ends one token before the context does) lookup finds ONE token: that is a match,
+    and LookupThenDrafter must draft it, not fall back to the model. Counting only longer matches sent every γ = 1
+    round to the fallback, in silence: the output stays exact, only the drafts (and α) change."""
+    context = torch.tensor([7, 8, 9, 1, 7, 8, 9])  # "7 8 9" occurred before, followed by 1
+    hybrid = LookupThenDrafter(ModelDrafter(close_draft))
+    for gamma in (1, 3):
+        tokens, q = hybrid.propose(context, gamma, lambda x: x.softmax(-1))
+        assert tokens.tolist() == [1, 7, 8][:gamma] and torch.equal(q.argmax(-1), tokens)
+    assert hybrid.rounds == {"lookup": 2, "fallback": 0}
+    hybrid.propose(torch.tensor([7, 8, 9, 1]), 1, lambda x: x.softmax(-1))  # control: no earlier 3-gram, the model drafts
+    assert hybrid.rounds == {"lookup": 2, "fallback": 1}
+
+
 def test_near_its_limit_the_draft_model_drafts_fewer_tokens():
     """Limit 16: after 14 tokens a round may draft 3 (the draft reads positions 0 … 15; GPT-2 raised an
     IndexError at position 16 before), after 16 tokens 1 (never fed), after 17 none fit: no drafts, said once

@@ -65,6 +65,21 @@ def test_batched_rows_stop_at_the_position_limit(short_target):
             assert out.row(i).tolist() == reference(short_target, p, out.lengths[i])[len(p):].tolist()
 
 
+def test_rows_still_generating_keep_their_gamma_after_a_row_stops(short_target):
+    """The batch's γ comes from the rows still generating. Here the long row (27 tokens, 32 positions) stops after
+    round 1 at the position limit, where it has no room left; counting it cut γ to 0 for the short row, which then
+    decoded target-only, one token per round, in silence (same tokens, no speed-up). With the target as its own
+    draft every draft is accepted, so the short row needs two rounds of γ + 1 = 5 tokens."""
+    prompts = [torch.arange(3, 23), torch.arange(2, 29)]
+    ids = torch.zeros(2, 27, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, 27 - len(p):], mask[i, 27 - len(p):] = p, 1
+    out = speculative_generate(short_target, short_target, ids, attention_mask=mask, max_new_tokens=10, gamma=4)
+    assert [s.stopped_by for s in out.row_stats] == ["max_new_tokens", "max_positions"]  # the case meant
+    assert out.row_stats[1].tokens_per_round == [5] and out.row_stats[0].tokens_per_round == [5, 5]
+
+
 def test_stop_reasons(target, close_draft):
     prompt = PROMPTS[4]
     assert speculative_generate(target, close_draft, prompt[None], max_new_tokens=9).stats.stopped_by == "max_new_tokens"
@@ -113,6 +128,7 @@ def tail_zeroed(rows, vocab=64):
     "drafter, message",
     [
         (BadDrafter([1, 2, 3, 4, 5, 6], uniform(6)), "asked for at most γ = 4"),
+        (BadDrafter([1, 2, 3, 4, 5], uniform(5)), "asked for at most γ = 4"),  # γ + 1: the round's limits assume γ
         (BadDrafter([1, 2], uniform(3)), "one q row per token"),
         (BadDrafter([1, 2], uniform(2) * 2), "not a probability distribution"),
         (BadDrafter([1, 2], tail_zeroed(2)), "not a probability distribution"),  # rows sum to 0.99
@@ -122,6 +138,7 @@ def tail_zeroed(rows, vocab=64):
         (BadDrafter([1, 2], torch.nn.functional.one_hot(torch.tensor([5, 6]), 64).float()), "outside its q's support"),
         (BadDrafter([1, 70], uniform(2)), "outside its q's support"),
         (BadDrafter([1, 2], uniform(2, vocab=80)), "target has only 64"),
+        (BadDrafter([1, 2], uniform(2, vocab=65)), "target has only 64"),  # one id too many: padding by -1 crops q
     ],
 )
 def test_drafter_output_is_validated(target, drafter, message):
@@ -167,6 +184,13 @@ def test_target_id_the_draft_cannot_read_names_the_problem(padded_target, close_
     not an index error deep inside the draft's embedding."""
     with pytest.raises(ValueError, match="cannot read"):
         speculative_generate(padded_target, close_draft, torch.tensor([[3, 70, 5]]), max_new_tokens=4)
+
+
+def test_the_first_id_the_draft_lacks_is_refused_too(padded_target, close_draft):
+    """The boundary of the check above: id 64 is the first the 64-row draft lacks (ids 0–63 it reads). An off-by-one
+    there let it through, to an IndexError inside the draft's embedding (a device-side assert on a GPU)."""
+    with pytest.raises(ValueError, match="token id 64, which the draft model cannot read"):
+        speculative_generate(padded_target, close_draft, torch.tensor([[3, 64, 5]]), max_new_tokens=4)
 
 
 def test_a_batch_refuses_ids_the_draft_cannot_read_too(padded_target, close_draft):
@@ -245,6 +269,17 @@ def test_batched_checks_the_drafts_position_limit(target, short_gpt2_draft):
     out = speculative_generate(target, short_gpt2_draft, ids, max_new_tokens=6, gamma=3)  # within 16: γ is cut to fit
     for i in range(2):
         assert out.row(i).tolist() == reference(target, ids[i], 6)[10:].tolist()
+
+
+def test_a_prompt_that_fills_the_drafts_positions_exactly_is_read(target, short_gpt2_draft):
+    """The boundary of the up-front refusal: 16-token prompts and a draft of 16 positions. The draft reads all 16
+    (γ = 1 there, ``gamma_within``), so the batch must run (then the context outgrows the draft: target-only rounds),
+    not be refused; `length >= limit` refused it, and the 20-token case above cannot tell the two apart."""
+    ids = torch.stack([PROMPTS[2].repeat(8)[:16], PROMPTS[5].repeat(8)[:16]])
+    with pytest.warns(UserWarning, match="decodes alone"):
+        out = speculative_generate(target, short_gpt2_draft, ids, max_new_tokens=3, gamma=3)
+    for i in range(2):
+        assert out.row(i).tolist() == reference(target, ids[i], 3)[16:].tolist()
 
 
 # ---- 4. The greedy fast path ------------------------------------------------------------------------

@@ -32,6 +32,14 @@ def test_vocabulary_mismatch(target):
     spec(target, ModelDrafter(other, head_size=64), batch, attention_mask=mask)  # a head capped to the target's: fine
 
 
+def test_a_draft_head_one_row_wider_is_a_vocabulary_mismatch_too(target):
+    """The boundary of the check above: 65 head rows against the target's 64. An off-by-one let this draft through
+    the up-front check, so the error came only mid-generation, from its q ("returned q over 65 token ids"), and not
+    the one naming the fix (head_size=64)."""
+    with pytest.raises(ValueError, match="vocabulary mismatch.*head_size=64"):
+        spec(target, tiny_llama(seed=3, vocab_size=65))
+
+
 @pytest.mark.parametrize(
     "kwargs, fix",
     [
@@ -39,6 +47,7 @@ def test_vocabulary_mismatch(target):
         (dict(gamma=2.5), "whole number of tokens per round"),  # was a bare TypeError from range() in the first round
         (dict(max_new_tokens=0), "at least 1 new token"),
         (dict(max_new_tokens=10.0), "whole number of new tokens"),  # was refused mid-run, as a γ = 3.0 no one set
+        (dict(max_new_tokens=True), "whole number of new tokens"),  # a bool is an Integral: it ran as 1 token
         (dict(do_sample=True, top_p=0.0), "top_p=1.0"),
         (dict(do_sample=True, top_p=1.2), "top_p=1.0"),
         (dict(do_sample=True, temperature=-0.5), "temperature=0"),
@@ -88,7 +97,7 @@ def test_propose_called_by_hand_refuses_what_it_cannot_draft_from(draft, kind):
 
     drafter = {"model": lambda: ModelDrafter(draft), "lookup": PromptLookupDrafter, "suffix": SuffixDrafter}[kind]()
     context, softmax = torch.tensor([1, 2, 3, 4, 5, 6, 7, 8, 5, 6, 7, 8, 5, 6]), lambda x: x.softmax(-1)
-    for gamma in (-3, 2.5):
+    for gamma in (-3, -1, 2.5):  # -1: the boundary (γ = 0 is allowed: no drafts)
         with pytest.raises(ValueError, match="whole number >= 0"):
             drafter.propose(context, gamma, softmax)
     for bad in (context[None], context.float() + 0.9):
@@ -207,6 +216,18 @@ def test_an_eos_id_given_as_a_tensor_or_numpy_integer_stops_as_an_int_does(targe
         spec(target, draft, eos_token_id=2.0)
 
 
+def test_token_id_0_is_an_eos_id_like_any_other():
+    """eos_token_id=0 (a real id: <unk>, <pad> or <s> in many vocabularies) must end a sequence: "no eos" is None
+    only. A falsy test (``if not eos_token_id``) took 0, [0] and tensor(0) for "no eos" and generated past them."""
+    import numpy as np
+
+    from specdec_edu.sampling import GenerationConfig
+
+    for given in (0, [0], (0, 5), torch.tensor(0), torch.tensor([0]), np.int64(0)):
+        assert 0 in GenerationConfig(max_new_tokens=4, eos_token_id=given).eos, given
+    assert GenerationConfig(max_new_tokens=4, eos_token_id=None).eos == frozenset()  # control: None is "no eos"
+
+
 def test_int32_prompt_ids_are_token_ids_and_float_ones_are_refused(target):
     from specdec_edu import PromptLookupDrafter
 
@@ -253,6 +274,20 @@ def test_an_accept_fn_that_accepts_more_drafts_than_it_was_given_is_named(target
     for ids in (IDS, IDS.repeat(2, 1)):
         with pytest.raises(ValueError, match=r"accept_fn must return \(n, next_token\) with 0 <= n"):
             spec(target, draft, ids, accept_fn=broken, do_sample=True)
+
+
+def test_an_accept_fn_wrong_only_on_a_later_row_of_a_batch_is_named(target, draft):
+    """The check covers every row of a batch, not only the first: here row 0 is always valid (n = 0) and row 1
+    returns γ + 1 (the rule is called per row, in order). A check of row 0 alone let row 1's n reach the cache
+    rollback."""
+    calls = []
+
+    def wrong_on_row_1(p, q, drafts, generator=None):
+        calls.append(len(drafts))
+        return (len(drafts) + 1 if len(calls) % 2 == 0 else 0), 0
+
+    with pytest.raises(ValueError, match=r"accept_fn must return \(n, next_token\) with 0 <= n"):
+        spec(target, draft, IDS.repeat(2, 1), accept_fn=wrong_on_row_1, do_sample=True)
 
 
 def test_the_ambiguous_acceptance_rate_name_is_refused_naming_alpha_and_accepted_per_drafted():

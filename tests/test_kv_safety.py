@@ -554,4 +554,5 @@ def test_gamma_is_cut_in_one_place():
     assert gamma_within(4, 10, draft_limit=12) == 3  # reads 10 + 2 fed drafts = 12 positions
     assert gamma_within(4, 10, new_tokens_left=1, target_limit=100) == 0  # one token left: the target's
     assert gamma_within(4, 10, draft_limit=9) == 0  # a context the draft cannot read: a target-only step
+    assert gamma_within(4, 20, draft_limit=9) == 0  # far past it: still 0 drafts, never a negative γ
     assert not hasattr(result.RoundRecorder, "room") and not hasattr(drafters, "gamma_within_positions")

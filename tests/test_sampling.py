@@ -30,6 +30,16 @@ def test_top_p_keeps_a_token_whose_mass_ends_exactly_at_the_boundary_as_transfor
     torch.testing.assert_close(logits_to_probs(logits, 1.0, 0, 0.75), expected, rtol=0, atol=1e-7)
 
 
+def test_a_tiny_top_p_keeps_the_most_likely_token_as_transformers_does():
+    """top_p = 1e-9 keeps only the argmax (transformers keeps min_tokens_to_keep = 1). In float32 the whole row's
+    cumulative mass (≈ 1.0) is <= 1 − 1e-9 (which rounds to 1.0), so without the guard that always keeps the most
+    likely token every token was dropped and p came back NaN. The random logits of the other tests never get there."""
+    logits = torch.randn(6, 100, generator=torch.Generator().manual_seed(0)) * 3
+    probs = logits_to_probs(logits, 1.0, 0, 1e-9)
+    torch.testing.assert_close(probs, TopPLogitsWarper(1e-9)(None, logits.clone()).softmax(-1), rtol=0, atol=0)
+    assert torch.equal(probs, torch.eye(100)[logits.argmax(-1)])
+
+
 def test_temperature_zero_is_one_hot_argmax():
     logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(1))
     probs = logits_to_probs(logits, temperature=0)

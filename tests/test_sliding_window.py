@@ -162,3 +162,18 @@ def test_batched_within_the_window_is_each_rows_own_output():
     for i, p in enumerate(prompts):
         alone = autoregressive_generate(target, torch.tensor([p]), max_new_tokens=10)
         assert out.row(i).tolist() == alone.row(0).tolist()
+
+
+def test_the_batched_window_check_is_exactly_its_bound():
+    """The refusal above at its boundary: prompt width 6 + 10 × (γ + 1 = 5) = 56 slots. A window of 56 holds every slot
+    and runs (exact, row by row); one of 55 could lose a real token to a masked slot and is refused. An off-by-one in
+    the bound let the 55-wide window through, the case where the batch's output may stop being the target's."""
+    prompts = [[1, 2, 3, 4, 5, 6], [20, 21, 22]]
+    ids, mask = left_pad([torch.tensor(p) for p in prompts])
+    target, draft = (tiny(MistralConfig, MistralForCausalLM, seed, sliding_window=56) for seed in (0, 1))
+    out = speculative_generate(target, draft, ids, attention_mask=mask, max_new_tokens=10, gamma=4)
+    for i, p in enumerate(prompts):
+        assert out.row(i).tolist() == autoregressive_generate(target, torch.tensor([p]), max_new_tokens=10).row(0).tolist()
+    target = tiny(MistralConfig, MistralForCausalLM, 0, sliding_window=55)
+    with pytest.raises(ValueError, match=r"sliding window of 55 positions.*up to 56 slots"):
+        speculative_generate(target, draft, ids, attention_mask=mask, max_new_tokens=10, gamma=4)

@@ -173,6 +173,17 @@ def test_deterministic_cases():
     assert all(accept_and_resample(pp, pp[:4], x, gen)[0] == 4 for _ in range(50))
 
 
+def test_a_draft_the_target_never_emits_is_rejected_even_at_u_0(monkeypatch):
+    """Accept iff u < min(1, p/q), strictly: u = 0 is one of torch.rand's values (probability 2^-24 per draft), and
+    with `<=` it accepted a draft of p(x) = 0 (a token top-k/top-p or greedy removed from the target), emitting a
+    token the target never emits. Pinned by fixing every uniform at 0; the control: a draft with p(x) > 0 is kept."""
+    monkeypatch.setattr(torch, "rand", lambda n, generator=None, device=None, dtype=None: torch.zeros(n, dtype=dtype))
+    p = torch.tensor([[0.0, 0.5, 0.5], [1 / 3, 1 / 3, 1 / 3]])
+    q = torch.tensor([[0.5, 0.5, 0.0]])
+    assert accept_and_resample(p, q, torch.tensor([0])) == (0, 2)  # rejected; the residual max(0, p − q) is token 2
+    assert accept_and_resample(p, q, torch.tensor([1]))[0] == 1  # control: p(1) = q(1), accepted
+
+
 def test_the_residual_of_identical_distributions_falls_back_to_p():
     """q ≥ p everywhere (here q is p plus rounding: 1e-12 more on two tokens) leaves no residual mass; a rejection there
     can come only from rounding, and must still sample from p (the target), not q. Returning q passed every other
@@ -188,6 +199,22 @@ def test_the_residual_of_identical_distributions_falls_back_to_p():
 def test_shape_errors():
     with pytest.raises(ValueError, match="γ"):
         accept_and_resample(torch.ones(3, 4) / 4, torch.ones(3, 4) / 4, torch.tensor([0, 1, 2]))
+
+
+@pytest.mark.parametrize("draft_vocab", [1, 5])
+def test_p_and_q_over_different_vocabularies_are_refused(draft_vocab):
+    """p and q must cover the same V. A q of width 1 with drafts of id 0 broadcast silently in max(0, p − q) (a
+    wrong residual, no error); a wider q raised torch's bare size error. Both must name the shapes."""
+    p, q = torch.ones(3, 4) / 4, torch.ones(2, draft_vocab) / draft_vocab
+    with pytest.raises(ValueError, match="shapes do not fit"):
+        accept_and_resample(p, q, torch.tensor([0, 0]))
+
+
+def test_acceptance_probability_is_one_where_q_is_zero():
+    """The documented value where q(x) = 0 (the draft never proposes x): 1, finite, not 0/0. verify_drafts never reads
+    it (a token with q = 0 is never drafted), so only a direct call, as the course's widgets make, pins it."""
+    p, q = torch.tensor([0.5, 0.0, 0.5, 0.0]), torch.tensor([0.25, 0.75, 0.0, 0.0])
+    assert acceptance_probability(p, q).tolist() == [1.0, 0.0, 1.0, 1.0]
 
 
 def test_mc_problem_is_a_hard_one(mc_problem):
