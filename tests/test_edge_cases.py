@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import tiny_llama
+from test_batched import left_pad
 from test_greedy import PROMPTS, reference
 
 from specdec_edu import ModelDrafter, autoregressive_generate, speculative_generate
@@ -52,10 +53,7 @@ def test_position_limit_never_feeds_a_position_past_it(short_target):
 def test_batched_rows_stop_at_the_position_limit(short_target):
     """Rows of 20 and 27 prompt tokens: the long row stops at 32 positions, the short one at max_new_tokens."""
     prompts = [torch.arange(3, 23), torch.arange(2, 29)]
-    ids = torch.zeros(2, 27, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, p in enumerate(prompts):
-        ids[i, 27 - len(p):], mask[i, 27 - len(p):] = p, 1
+    ids, mask = left_pad(prompts)  # [2, 27]
     for generate in (lambda **kw: speculative_generate(short_target, short_target, gamma=4, **kw),
                      lambda **kw: autoregressive_generate(short_target, **kw)):
         out = generate(input_ids=ids, attention_mask=mask, max_new_tokens=10)
@@ -71,10 +69,7 @@ def test_rows_still_generating_keep_their_gamma_after_a_row_stops(short_target):
     decoded target-only, one token per round, in silence (same tokens, no speed-up). With the target as its own
     draft every draft is accepted, so the short row needs two rounds of γ + 1 = 5 tokens."""
     prompts = [torch.arange(3, 23), torch.arange(2, 29)]
-    ids = torch.zeros(2, 27, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, p in enumerate(prompts):
-        ids[i, 27 - len(p):], mask[i, 27 - len(p):] = p, 1
+    ids, mask = left_pad(prompts)  # [2, 27]
     out = speculative_generate(short_target, short_target, ids, attention_mask=mask, max_new_tokens=10, gamma=4)
     assert [s.stopped_by for s in out.row_stats] == ["max_new_tokens", "max_positions"]  # the case meant
     assert out.row_stats[1].tokens_per_round == [5] and out.row_stats[0].tokens_per_round == [5, 5]
