@@ -38,6 +38,48 @@ def test_a_round_that_does_not_crop_fails_with_a_position(target, draft, capsys)
     assert "FAIL: first divergent position" in out and "crop the rejected drafts" in out
 
 
+def test_the_failure_names_the_targets_token_and_the_first_round_that_left_the_cache_wrong(target, draft, capsys):
+    """The FAIL lines a learner debugs from: at the first divergent position, the target's greedy token (the
+    reference's, not the rounds'), and the *first* round after which the cache had the wrong length (here round 1:
+    the unrelated draft's first drafts are rejected, and nothing is cropped)."""
+    import re
+
+    from specdec_edu import autoregressive_generate
+
+    no_crop = lambda *args: greedy_round(*args, crop=False)  # noqa: E731
+    assert check_speculative_round(no_crop, target, draft, PROMPT, gamma=4, max_new_tokens=20) is False
+    out = capsys.readouterr().out
+    reference = autoregressive_generate(target, PROMPT, max_new_tokens=20, compile=False).row(0).tolist()
+    position, said_target, said_rounds = map(int, re.search(
+        r"first divergent position (\d+): the target's greedy token is (\d+), your rounds gave (\d+)", out).groups())
+    assert said_target == reference[position] != said_rounds
+    assert "after round 1 the target's cache held" in out
+
+
+def test_a_correct_round_passes_whatever_the_last_round_overshoots(target, capsys):
+    """The last round may emit past ``max_new_tokens``: with the target as its own draft every round keeps all γ = 4
+    drafts and emits 5 tokens, so 21 to 24 new tokens end inside a round. Only the first ``max_new_tokens`` are
+    compared, and the PASS line counts those. (``close_draft`` has its drafts rejected on this prompt, one token a
+    round: it never overshoots.)"""
+    for n in (21, 22, 23, 24):
+        assert check_speculative_round(greedy_round, target, target, PROMPT, gamma=4, max_new_tokens=n) is True
+        assert f"PASS: {n} tokens identical" in capsys.readouterr().out
+
+
+def test_a_round_that_scribbles_on_its_context_leaves_the_learners_prompt_alone(target, close_draft):
+    """``context`` is the round's to use: a round that overwrites it in place after its work (a scratch buffer) is
+    still judged on the tokens it returns, and the prompt the learner passed in (the first round's context is that
+    very tensor, unless the checker copies it) keeps its ids for the cells after the check."""
+    def scribbles(target, draft, cache, context, gamma):
+        emitted = greedy_round(target, draft, cache, context, gamma)
+        context.zero_()
+        return emitted
+
+    prompt = PROMPT.clone()
+    assert check_speculative_round(scribbles, target, close_draft, prompt, gamma=4, max_new_tokens=20) is True
+    assert torch.equal(prompt, PROMPT)
+
+
 def scripted_round(script):
     """A round that emits ``script``'s tokens one per round, keeping the cache as a round must (all but the newest).
     Its target forward reads two tokens, the last one and the one it emits, as a verify of one draft would."""
@@ -47,6 +89,15 @@ def scripted_round(script):
         kv.crop(cache, 1)  # the emitted token's K/V go: the cache holds all but the newest
         return [token]
     return round_fn
+
+
+def keeping_the_newest(round_fn):
+    """``round_fn``, but the cache also keeps the K/V of the newest token, which the next round feeds again."""
+    def round_keeping_the_newest(target, draft, cache, context, gamma):
+        emitted = round_fn(target, draft, cache, context, gamma)
+        kv.forward_cached(target, torch.tensor([emitted], device=context.device), cache)
+        return emitted
+    return round_keeping_the_newest
 
 
 def test_a_round_that_only_decodes_fails_though_its_tokens_are_right(target, draft, capsys):
@@ -87,6 +138,10 @@ def test_a_16_bit_near_tie_passes_and_a_large_margin_fails(capsys):
         assert check_speculative_round(scripted_round(script), model, None, PROMPT, max_new_tokens=20) is passes
         out = capsys.readouterr().out
         assert ("PASS (up to rounding)" in out and "near-tie" in out) if passes else "FAIL: first divergent" in out
+        if passes:  # the same near-tie from rounds that also keep the newest token's K/V: the cache still fails them
+            leaky = keeping_the_newest(scripted_round(script))
+            assert check_speculative_round(leaky, model, None, PROMPT, max_new_tokens=20) is False
+            assert "crop the rejected drafts" in capsys.readouterr().out
 
 
 def test_unwritten_and_malformed_rounds(target, draft, capsys):
@@ -153,3 +208,83 @@ def test_notebook_05_exercise_1_takes_any_answer_its_question_allows():
     for slip in (0.026, 0.00026, 0.026 / 10**0.5):
         with pytest.raises(AssertionError):
             check_answer("ex1", slip, expected, tol=tol)
+
+
+def test_check_answer_compares_each_kind_of_answer_as_documented(capsys):
+    """Strings without case or surrounding spaces; a bool only with a bool (False is not the answer 0); a number only
+    with a number ("0.4" is not 0.4: a wrong answer, not a crash); sequences element by element and of equal length;
+    tensors and arrays, 0-d included, as their values; absolute tolerance near 0."""
+    import numpy as np
+    import pytest
+
+    from specdec_edu.course.exercises import check_answer
+
+    rights = [(" Memory-Bound ", "memory-bound"), (True, True), (np.bool_(False), False), (torch.tensor(0.5), 0.5),
+              (np.float32(0.25), 0.25), (torch.tensor([0.75, 0.0, 0.25]), [0.75, 0, 0.25]),
+              ([1, 2], np.array([1, 2])), ((3, "a"), [3, " A"]), (1e-7, 0.0)]
+    for answer, expected in rights:
+        assert check_answer("ex", answer, expected) is True, (answer, expected)
+    wrongs = [("memory bound", "memory-bound"), (False, 0), (0, False), (1, True), ("0.4", 0.4), (0.4, "0.4"),
+              ([1, 2], [1, 2, 3]), ([1, 2, 3], [1, 2]), (torch.tensor([1.0, 2.0]), [1.0, 2.5]), (3e-6, 0.0)]
+    for answer, expected in wrongs:
+        with pytest.raises(AssertionError, match="is not right"):
+            check_answer("ex", answer, expected)
+    with pytest.raises(AssertionError, match="Hint: divide by ten"):
+        check_answer("ex", 0.5, 0.05, hint="divide by ten")
+    capsys.readouterr()
+    for unanswered in (None, ...):
+        assert check_answer("ex 3", unanswered, 0.5) is False
+        assert "ex 3: not answered yet" in capsys.readouterr().out
+
+
+def test_alpha_for_speedup_checker_holds_its_tolerance_on_both_sides():
+    """±0.005 in α is the stated tolerance: 0.0049 off passes, 0.007 off fails (the existing cases stop at 0.012)."""
+    import pytest
+
+    from specdec_edu import alpha_for_speedup
+    from specdec_edu.course.exercises import check_alpha_for_speedup
+
+    root = alpha_for_speedup(1.5, 4, 0.1, 1.44)
+    for off in (0.0049, -0.0049):
+        assert check_alpha_for_speedup(root + off, 4, 0.1, 1.44, speedup=1.5) == root
+    for off in (0.007, -0.007):
+        with pytest.raises(AssertionError, match="predicted speedup"):
+            check_alpha_for_speedup(root + off, 4, 0.1, 1.44, speedup=1.5)
+    with pytest.raises(AssertionError, match="the answer is 0"):  # vc 0.2: even α = 0 gives 1.67x
+        check_alpha_for_speedup(0.007, 4, 0.1, 0.2, speedup=1.5)
+
+
+def test_a_float16_near_tie_passes_too(capsys):
+    """fp16 (a T4's dtype) is 16-bit as much as bf16: a flip between the top two tokens one rounding step apart
+    passes, saying so. The tie is made: a hook sets the runner-up's logit one fp16 step below the top one in the
+    row that predicts new token 5, in every forward (tiny fp16 models have no margin that close by chance)."""
+    from conftest import tiny_llama
+
+    from specdec_edu import autoregressive_generate
+    from specdec_edu.course.diagnostics import rounding_step
+
+    model = tiny_llama(seed=0).to(torch.float16)
+    tied = len(PROMPT) + 5 - 1  # the absolute position whose row predicts new token 5
+
+    def one_step_tie(module, args, kwargs, out):
+        width = kwargs.get("input_ids", args[0] if args else None).shape[1]
+        caches = [v for v in kwargs.values() if hasattr(v, "get_seq_length")]
+        first = int(caches[0].get_seq_length()) - width if caches else 0  # no cache: the rows start at 0
+        row = tied - first - (width - out.logits.shape[1])  # logits_to_keep may keep only the last rows
+        if 0 <= row < out.logits.shape[1]:
+            logits = out.logits[0, row]
+            top, runner_up = logits.float().topk(2).indices.tolist()
+            logits[runner_up] = float(logits[top]) - rounding_step(float(logits[top]), torch.float16)
+
+    handle = model.register_forward_hook(one_step_tie, with_kwargs=True)
+    try:
+        reference = autoregressive_generate(model, PROMPT, max_new_tokens=20, compile=False).row(0)
+        with torch.no_grad():
+            runner_up = int(model(torch.cat([PROMPT, reference])[None]).logits[0, tied].float().topk(2).indices[1])
+        script = reference.clone()
+        script[5] = runner_up
+        assert check_speculative_round(scripted_round(script), model, None, PROMPT, max_new_tokens=20) is True
+        out = capsys.readouterr().out
+        assert "PASS (up to rounding)" in out and "near-tie" in out and "float16" in out
+    finally:
+        handle.remove()

@@ -205,18 +205,23 @@ def test_dynamic_gamma_grows_on_full_acceptance_and_stays_exact(target, draft):
     assert poor.history[0] == 5
 
 
+class NextOf:
+    """Drafts what follows ``ref`` after the context (right while the context follows ``ref``), with one-hot q."""
+
+    def __init__(self, ref, vocab=50):
+        self.ref, self.vocab = ref, vocab
+
+    def propose(self, context, gamma, to_probs=None, generator=None):
+        tokens = self.ref[len(context): len(context) + gamma]
+        return tokens, torch.nn.functional.one_hot(tokens, self.vocab).float()
+
+
 def test_dynamic_gamma_stops_at_the_ceiling_so_a_rejection_lowers_it():
     """Ceiling 4, every draft kept for four rounds, then one rejected: γ grows 2 → 4 and stays there, and the
     rejection takes it to 3. Before, the state kept growing (6, 8, 10) behind the ceiling, and the rounds after a
     rejection still asked for 4 while the state only walked back down towards it."""
     ref = torch.arange(100) % 50
-
-    class NextOfRef:  # drafts what follows in ref: right while the context follows ref
-        def propose(self, context, gamma, to_probs=None, generator=None):
-            tokens = ref[len(context): len(context) + gamma]
-            return tokens, torch.nn.functional.one_hot(tokens, 50).float()
-
-    dyn = DynamicGammaDrafter(NextOfRef(), start=2, grow=2, shrink=1)
+    dyn = DynamicGammaDrafter(NextOf(ref), start=2, grow=2, shrink=1)
     context = ref[:5]
     for _ in range(5):  # a round that keeps every draft: the context grows by them and the target's next token
         tokens, _ = dyn.propose(context, 4, None)
@@ -393,3 +398,102 @@ def test_the_cost_models_draws_leave_the_global_rng_alone(target):
 
     assert not moves_global_rng(torch.Generator().manual_seed(1))
     assert moves_global_rng(None)  # the control
+
+
+def test_dynamic_gamma_shrinks_after_any_rejection_and_restarts_on_any_new_prompt():
+    """γ grows only when *every* draft was kept: a round whose second draft was rejected shrinks it. A context that
+    does not extend the last one is a new generation even when it is longer (a new, longer prompt): the schedule
+    starts over."""
+    ref = torch.arange(100) % 50
+    dyn = DynamicGammaDrafter(NextOf(ref), start=3, grow=2, shrink=1)
+    context = ref[:5]
+    tokens, _ = dyn.propose(context, 8, None)  # drafts ref[5:8]; the target keeps the first, rejects the second
+    context = torch.cat([ref[:6], (ref[6:7] + 1) % 50])
+    dyn.propose(context, 8, None)
+    assert dyn.history == [3, 2]
+    dyn.propose(torch.arange(20) % 7 + 1, 8, None)  # longer than the last context, but not an extension of it
+    assert dyn.history == [3] and dyn.gamma == 3
+
+
+def test_replay_drafter_pays_for_the_tokens_it_drafts_not_the_gamma_asked(target, monkeypatch):
+    """Two reference tokens left, γ = 4: the simulated cost sleeps for 2 tokens, and a cost drafter is asked for 2,
+    as the real drafter would be (the loop cuts γ to the room left; a drafter asked for more pays for drafts the run
+    never judges, and c comes out too high)."""
+    ref = greedy_reference(target, n=4)
+    slept, asked = [], []
+    monkeypatch.setattr(experiments, "time", types.SimpleNamespace(sleep=slept.append))
+
+    class Cost:  # any drafter (not a model): its propose is what the dial pays
+        def propose(self, context, gamma, to_probs, generator=None):
+            asked.append(gamma)
+
+        def reset(self):
+            asked.append("reset")
+
+    d = ReplayDrafter(ref, 0.5, target.config.vocab_size, seconds_per_token=0.01, cost_model=Cost())
+    tokens, q = d.propose(ref[:-2], 4, None, torch.Generator().manual_seed(0))
+    assert len(tokens) == len(q) == 2
+    assert slept == [pytest.approx(0.02)] and asked == [2]
+    d.reset()  # a new generation: the cost drafter starts over too, as the real one does (its prompt is not cached)
+    assert asked == [2, "reset"]
+
+
+def test_settled_reference_runs_the_dial_as_it_is_told(target, monkeypatch):
+    """The run that settles the reference draws from a generator seeded ``seed``, drafts through ``wrap(dial)`` and
+    passes ``generate_kwargs`` on: the measured runs repeat it, and a reference settled on another run's draws,
+    drafter or path can still be left by them."""
+    seen = []
+
+    def spy(target_, drafter, prompt, **kwargs):
+        seen.append((type(drafter), kwargs["generator"].initial_seed(), kwargs.get("compile")))
+        return speculative_generate(target_, drafter, prompt, **kwargs)
+
+    monkeypatch.setattr(experiments, "speculative_generate", spy)
+    plain = greedy_reference(target, n=10)
+    wrap = lambda dial: DynamicGammaDrafter(dial, start=2)  # noqa: E731
+    settled, replays = settled_reference(target, plain, PROMPT.shape[1], 4, noise=0.2, seed=3, wrap=wrap, compile=False,
+                                         max_replays=1)  # float32: one run keeps its reference
+    assert torch.equal(settled, plain) and replays == 1
+    assert seen == [(DynamicGammaDrafter, 3, False)]
+
+
+def test_early_exit_model_keeps_exactly_its_first_layers(target):
+    """``early_exit_model(target, 1)`` holds the target's first decoder layer and no other, and its output is that
+    layer's, read through the final norm and head; 0 layers is no model."""
+    shallow = early_exit_model(target, 1)
+    assert list(shallow.model.layers) == [target.model.layers[0]] and shallow.config.num_hidden_layers == 1
+    with torch.no_grad():
+        hidden = target(PROMPT, output_hidden_states=True).hidden_states[1]  # after layer 0
+        assert torch.allclose(shallow(PROMPT).logits, target.lm_head(target.model.norm(hidden)), atol=1e-5)
+    with pytest.raises(ValueError, match="must lie in 1"):
+        early_exit_model(target, 0)
+
+
+def test_timed_syncs_the_device_before_each_clock_reading(monkeypatch):
+    """sync, clock, work, sync, clock: without the second sync a GPU's work is timed by when it was queued."""
+    events = []
+    monkeypatch.setattr(experiments, "sync", lambda device: events.append("sync"))
+    monkeypatch.setattr(experiments, "time", types.SimpleNamespace(perf_counter=lambda: events.append("clock") or 0.0))
+    timed(lambda: events.append("work"), "cpu")
+    assert events == ["sync", "clock", "work", "sync", "clock"]
+
+
+def test_early_exit_model_keeps_the_layer_types_of_the_layers_it_keeps():
+    """A hybrid model (layer 0 full attention, layer 1 sliding) cut to one layer has one full-attention layer: its
+    config says so, and nothing takes it for a sliding-window model."""
+    from test_sliding_window import hybrid_qwen2
+
+    from specdec_edu.models.shapes import sliding_window
+
+    shallow = early_exit_model(hybrid_qwen2(seed=0), 1)
+    assert shallow.config.layer_types == ["full_attention"]
+    assert sliding_window(shallow) is None
+
+
+@pytest.mark.parametrize("make", [lambda target, noise: MixtureDrafter(target, noise),
+                                  lambda target, noise: ReplayDrafter(torch.tensor([1, 2]), noise, target.config.vocab_size)])
+def test_dial_drafters_refuse_a_noise_outside_0_1(target, make):
+    """noise is a mixing weight: 1.5 would give q negative entries, -0.5 an α above 1."""
+    for noise in (-0.5, 1.5):
+        with pytest.raises(ValueError, match=r"must lie in \[0, 1\]"):
+            make(target, noise)

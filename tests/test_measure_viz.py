@@ -1,4 +1,5 @@
 import copy
+import itertools
 import types
 
 import pytest
@@ -283,3 +284,122 @@ def test_measured_verify_cost_holds_on_a_machine_that_slows_down_while_it_measur
     machine.speed = 1.0
     two_medians = measure.forward_seconds(model, 2) / measure.forward_seconds(model, 1)
     assert two_medians == pytest.approx(5 / 5.5)  # medians of 2 × (1.5 … 3.5) and of 4.5 … 6.5
+
+
+def test_verify_cost_warms_up_and_reports_t1_when_not_asked_for_it(target, forward_calls):
+    """``ns`` without 1: t(1) is the denominator of every ratio, so it is warmed up like the others (an untimed first
+    forward of width 1) and reported as 1.0, as ``ns`` with 1 would."""
+    from specdec_edu.course.measure import VerifyCost
+
+    cost = VerifyCost(target, [3], context_length=16)
+    assert forward_calls == [(16, 0), (1, 16), (3, 16)]  # the prefill, then one warm-up forward per n, 1 included
+    for _ in range(3):
+        cost.sweep()
+    assert set(cost.ratios()) == {1, 3} and cost.ratios()[1] == 1.0
+
+
+def test_verify_cost_ratios_are_the_median_so_one_stalled_sweep_does_not_move_them():
+    """Three sweeps, the second with a 10-unit stall inside its t(2): its ratio is 12, the others' 2. The median is 2;
+    a mean (5.33) would carry the stall into every prediction made from the curve."""
+    from specdec_edu.course.measure import VerifyCost
+
+    machine, stalls = FakeMachine(), iter([False, False, True, False])  # t(2) of the warm-up, then of sweeps 1-3
+
+    def forward(n):
+        machine.forward(n)
+        if n == 2 and next(stalls, False):
+            machine.now += 10
+
+    cost = VerifyCost.from_forward(forward, [1, 2], timer=machine.clock)
+    for _ in range(3):
+        cost.sweep()
+    assert [sweep[2] for sweep in cost.sweeps] == [2.0, 12.0, 2.0]
+    assert cost.ratios() == {1: 1.0, 2: 2.0}
+
+
+def test_measured_verify_cost_times_the_path_it_is_asked_for(monkeypatch):
+    """``compile`` and ``compile_options`` reach the forward that is timed: bench and gpu-report pass a run's
+    ``stats.compiled``, and a compiled run's verify cost timed on the eager path is another machine's number."""
+    seen = []
+
+    def fake_appending_forward(model, context_length, max_new, compile, compile_options, *rest):
+        seen.append((context_length, max_new, compile, compile_options))
+        return lambda n: None
+
+    monkeypatch.setattr(measure, "_appending_forward", fake_appending_forward)
+    model = types.SimpleNamespace(device=torch.device("cpu"))
+    measure.measured_verify_cost(model, 4, context_length=32, compile=True, compile_options={"backend": "eager"})
+    assert seen == [(32, 4, True, {"backend": "eager"})]
+    with pytest.raises(RuntimeError, match="at least 3"):  # fewer sweeps than a median needs: refused, not topped up
+        measure.measured_verify_cost(model, 4, sweeps=2)
+
+
+def test_every_timer_syncs_the_device_before_each_clock_reading(monkeypatch):
+    """On a GPU a forward (or a reduction) returns when it is queued: a clock read without a sync just before it
+    times the launch, not the work. Each timed interval here must be: sync, clock, work, sync, clock."""
+    events, ticks = [], itertools.count(1.0)
+    monkeypatch.setattr(measure, "sync", lambda device: events.append("sync"))
+    monkeypatch.setattr(measure, "time", types.SimpleNamespace(perf_counter=lambda: events.append("clock") or next(ticks)))
+    monkeypatch.setattr(measure, "_appending_forward", lambda *args, **kwargs: lambda n: events.append("work"))
+    interval = ["sync", "clock", "work", "sync", "clock"]
+    model = types.SimpleNamespace(device=torch.device("cpu"))
+
+    measure.forward_seconds(model, 2, repeats=2, warmup=1)
+    assert events == interval[:-1] + interval * 2  # the warm-up's end is not read
+    events.clear()
+    cost = measure.VerifyCost(model, [2])
+    events.clear()  # the untimed warm-up
+    cost.sweep()
+    assert events == interval * 3  # t(1), t(2), t(1)
+    events.clear()
+    measure.read_bandwidth("cpu", n_bytes=1024, repeats=2)
+    assert events == [e for e in interval if e != "work"] * 3
+
+
+def test_a_timed_forward_computes_the_logits_of_every_token_it_appends(target, monkeypatch):
+    """A verify pass needs the logits of all n positions (the target judges every draft), and that head work is part
+    of t(n): the timed forwards of n = 3 return 3 rows of logits, the prefill only its last."""
+    rows = []
+    real_forward = measure.kv.forward_cached
+
+    def spy(model, input_ids, cache, **kw):
+        out = real_forward(model, input_ids, cache, **kw)
+        rows.append(out.logits.shape[1])
+        return out
+
+    monkeypatch.setattr(measure.kv, "forward_cached", spy)
+    forward_seconds(target, 3, context_length=8, repeats=2, warmup=1)
+    assert rows == [1, 3, 3, 3]
+
+
+def test_a_compiled_draft_is_timed_on_its_compiled_drafter(reduced_head_draft, monkeypatch):
+    """``forward_seconds(draft, 1, role="draft", compile=True)`` builds the drafter a compiled generation uses
+    (``compile`` and ``compile_options`` reach ``model_drafter``), not an eager one."""
+    from specdec_edu import generate
+
+    made, real = [], generate.model_drafter
+
+    def spy(model, compile=False, compile_options=None, **kwargs):
+        made.append((compile, compile_options))
+        return real(model, compile, compile_options, **kwargs)
+
+    monkeypatch.setattr(generate, "model_drafter", spy)
+    options = {"backend": "eager"}
+    forward_seconds(reduced_head_draft, 1, context_length=8, repeats=1, role="draft", compile=True, compile_options=options)
+    assert made == [(True, options)]
+
+
+def test_a_draft_step_is_timed_at_the_context_length_asked(reduced_head_draft, forward_calls):
+    """``role="draft"``: the drafter first reads ``context_length`` tokens, then each timed step appends one token to
+    them and is cropped back, so every step sees the same cache of 8, not an empty one."""
+    forward_seconds(reduced_head_draft, 1, context_length=8, repeats=2, warmup=1, role="draft")
+    assert forward_calls == [(8, 0)] + [(1, 8)] * 3
+
+
+def test_a_compiled_forward_gets_room_for_the_tokens_it_appends():
+    """The compiled static cache holds ``context_length + n_new`` positions: 252 + 8 needs more than the smallest
+    cache (256 positions), and a cache sized for the context alone refuses the timed forward."""
+    from conftest import tiny_llama
+
+    model = tiny_llama(seed=0, max_positions=512)
+    assert forward_seconds(model, 8, context_length=252, repeats=1, compile=True, compile_options={"backend": "eager"}) > 0

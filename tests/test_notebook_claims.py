@@ -187,3 +187,32 @@ def test_every_cell_tag_says_where_the_cell_runs():
         for i, cell in enumerate(json.loads(path.read_text())["cells"]):
             unknown = set(cell.get("metadata", {}).get("tags", [])) - NOT_RUN_ON_CPU - RUN_EVERYWHERE
             assert not unknown, f"{path.name} cell {i}: tag(s) {sorted(unknown)} not in tests/notebook_tags.py"
+
+
+def test_record_refuses_infinities_too():
+    """'Finite' means no inf either: a rate divided by a zero count is ±inf, and a claim like ``speedup > 1``
+    would hold for it."""
+    pytest.importorskip("IPython")
+    from specdec_edu.course.claims import record
+
+    for bad in (float("inf"), -float("inf")):
+        with pytest.raises(ValueError, match="finite"):
+            record(speedup=bad)
+
+
+def test_record_stores_plain_floats_as_raw_data(monkeypatch):
+    """A 0-d tensor, a numpy scalar and a bool are stored as Python floats, unrounded (the notebook's JSON holds
+    nothing else), and the dict is displayed raw, i.e. as a MIME bundle with the claims key: displayed otherwise it
+    becomes a visible text repr, and the checker finds no values."""
+    pytest.importorskip("IPython")
+    import numpy as np
+    import torch
+
+    from specdec_edu.course.claims import record
+
+    shown = []
+    monkeypatch.setattr("IPython.display.display", lambda data, **kwargs: shown.append((data, kwargs)))
+    record(alpha=torch.tensor(0.125), step_ms=np.float32(56.5), faster=True)
+    assert shown == [({MIME: {"alpha": 0.125, "step_ms": 56.5, "faster": 1.0}}, {"raw": True})]
+    assert all(type(v) is float for v in shown[0][0][MIME].values())
+    json.dumps(shown[0][0])  # what nbformat will write
