@@ -24,12 +24,19 @@ def left_pad(prompts, pad=0):
     return ids, mask
 
 
+@pytest.mark.parametrize("which", ["close_draft", "agreeing_draft"])
 @pytest.mark.parametrize("gamma", [1, 3, 5])
-def test_batched_greedy_equals_per_row_generate(target, close_draft, gamma):
-    """8 prompts of lengths 1–13 in one left-padded batch; each row == target.generate on that row alone."""
+def test_batched_greedy_equals_per_row_generate(request, target, which, gamma):
+    """8 prompts of lengths 1–13 in one left-padded batch; each row == target.generate on that row alone. With
+    ``agreeing_draft`` the rows of one round keep different numbers of drafts (checked), so each row's caches roll
+    back by its own amount."""
     prompts = PROMPTS[:8]
     ids, mask = left_pad(prompts)
-    out = speculative_generate(target, close_draft, ids, attention_mask=mask, max_new_tokens=20, gamma=gamma)
+    out = speculative_generate(target, request.getfixturevalue(which), ids, attention_mask=mask, max_new_tokens=20,
+                               gamma=gamma)
+    if which == "agreeing_draft" and gamma > 1:
+        first_round = {row.accepted_per_round[0] for row in out.row_stats}
+        assert len(first_round) >= 2, first_round
     for i, p in enumerate(prompts):
         assert out.row(i).tolist() == reference(target, p, 20)[len(p):].tolist(), (i, gamma)
     base = autoregressive_generate(target, ids, attention_mask=mask, max_new_tokens=20)

@@ -280,7 +280,7 @@ def test_a_prompt_that_fills_the_drafts_positions_exactly_is_read(target, short_
 # ---- 4. The greedy fast path ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("which", ["draft", "close_draft"])
+@pytest.mark.parametrize("which", ["draft", "close_draft", "agreeing_draft"])
 def test_greedy_fast_path_equals_the_general_rule(request, target, which):
     """Default greedy (argmax comparisons) vs the general rule on one-hot p and q (accept_fn=accept_and_resample):
     the same tokens AND the same accept decisions, round by round, for γ = 1..6."""

@@ -25,8 +25,8 @@ def greedy_round(target, draft, cache, context, gamma, crop=True):
     return drafts[:n].tolist() + [int(choice[n])]
 
 
-def test_a_correct_round_reproduces_the_target(target, close_draft, draft, capsys):
-    for d in (close_draft, draft):  # many accepted drafts / almost every draft rejected
+def test_a_correct_round_reproduces_the_target(target, agreeing_draft, close_draft, draft, capsys):
+    for d in (agreeing_draft, close_draft, draft):  # rounds keep 0 to all drafts / few kept / almost none kept
         assert check_speculative_round(greedy_round, target, d, PROMPT, gamma=4, max_new_tokens=20) is True
         assert "PASS" in capsys.readouterr().out
 

@@ -19,7 +19,7 @@ def reference(target, prompt, max_new_tokens, eos=None):
     )[0]
 
 
-@pytest.mark.parametrize("which", ["close_draft", "draft"])
+@pytest.mark.parametrize("which", ["close_draft", "draft", "agreeing_draft"])
 def test_greedy_equals_generate_for_24_prompts_and_gamma_1_to_8(request, target, which):
     """24 prompts (lengths 1–13) × γ = 1..8 (cycled): identical tokens, with and without EOS."""
     drafter = request.getfixturevalue(which)
@@ -36,12 +36,29 @@ def test_greedy_equals_generate_for_24_prompts_and_gamma_1_to_8(request, target,
         assert out.sequences[0, -1] == eos and out.stats.new_tokens <= 7
 
 
-def test_all_gammas_on_one_prompt(target, close_draft):
+@pytest.mark.parametrize("which", ["close_draft", "agreeing_draft"])
+def test_all_gammas_on_one_prompt(request, target, which):
+    drafter = request.getfixturevalue(which)
     expected = reference(target, PROMPTS[4], 40)
     for gamma in range(1, 9):
-        out = speculative_generate(target, close_draft, PROMPTS[4][None], max_new_tokens=40, gamma=gamma)
+        out = speculative_generate(target, drafter, PROMPTS[4][None], max_new_tokens=40, gamma=gamma)
         assert out.sequences[0].tolist() == expected.tolist(), gamma
         assert out.stats.new_tokens == 40 and sum(out.stats.tokens_per_round) == 40
+
+
+def test_agreeing_draft_keeps_every_number_of_drafts(target, agreeing_draft, close_draft):
+    """The greedy tests above can only catch a bug in the rounds their drafts produce. With ``agreeing_draft``, over
+    the 24 prompts at γ = 4, rounds keep 0, 1, 2, 3 and all 4 drafts (each at least twice): every rollback size and
+    the bonus token are exercised. The control: ``close_draft`` (α ≈ 0.09 greedy) never keeps all 4."""
+    def kept_counts(drafter):
+        counts = [0] * 5
+        for prompt in PROMPTS:
+            for kept in speculative_generate(target, drafter, prompt[None], max_new_tokens=24, gamma=4).stats.accepted_per_round:
+                counts[kept] += 1
+        return counts
+
+    assert min(kept_counts(agreeing_draft)) >= 2
+    assert kept_counts(close_draft)[4] == 0
 
 
 def test_identical_draft_accepts_everything(target):
