@@ -22,13 +22,17 @@ GAMMAS = (1, 3, 5)
 N_NEW = 20
 
 
+def make_pair(kind):
+    """A random target with a draft that mostly agrees (rounds that keep every draft and take the bonus, checked
+    below), or one that does not (almost every round ends at a rejection)."""
+    target = tiny_llama(seed=20)
+    draft = perturbed_copy(target, noise=0.05, seed=21) if kind == "close" else tiny_llama(seed=22)
+    return target, draft
+
+
 @pytest.fixture(scope="module", params=["close", "unrelated"])
 def pair(request):
-    """A random target with a draft that mostly agrees (many accepted drafts and bonus tokens), or one that
-    does not (almost every round ends at a rejection)."""
-    target = tiny_llama(seed=20)
-    draft = perturbed_copy(target, noise=0.2, seed=21) if request.param == "close" else tiny_llama(seed=22)
-    return target, draft
+    return make_pair(request.param)
 
 
 CASES = [(mode, i, gamma) for mode in ("greedy", "sampled") for i in range(len(PROMPTS)) for gamma in GAMMAS]
@@ -53,6 +57,20 @@ def ours(pair, mode, i, gamma, accept_fn=None) -> list[int]:
     out = speculative_generate(target, draft, torch.tensor([PROMPTS[i]]), max_new_tokens=N_NEW, gamma=gamma,
                                do_sample=mode == "sampled", generator=torch.Generator().manual_seed(i), accept_fn=accept_fn)
     return out.row(0).tolist()
+
+
+@pytest.mark.parametrize("mode", ["greedy", "sampled"])
+def test_the_close_pair_has_rounds_of_every_kind(mode):
+    """The comparisons below can only catch a bug in rounds the pairs produce. At γ 5 over the three prompts, the
+    close pair has rounds that keep no draft, rounds that keep some, and rounds that keep all 5 and take the bonus.
+    (With noise 0.2 this draft's greedy rounds never kept all 5: a tiny random model's argmax is fragile.)"""
+    target, draft = make_pair("close")
+    kept = set()
+    for i, prompt in enumerate(PROMPTS):
+        kept.update(speculative_generate(target, draft, torch.tensor([prompt]), max_new_tokens=N_NEW, gamma=5,
+                                         do_sample=mode == "sampled",
+                                         generator=torch.Generator().manual_seed(i)).stats.accepted_per_round)
+    assert 0 in kept and 5 in kept and kept & {1, 2, 3, 4}, kept
 
 
 @pytest.mark.parametrize("mode", ["greedy", "sampled"])
