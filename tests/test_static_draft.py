@@ -40,17 +40,27 @@ def test_static_cache_rollback_matches_recompute(target):
 
 
 @pytest.mark.parametrize("gamma", [1, 3, 5])
-def test_greedy_output_is_the_targets_with_every_cache(target, close_draft, gamma):
+def test_greedy_output_is_the_targets_with_every_cache(target, agreeing_draft, gamma):
+    """Greedy output is the target's with every draft cache, and so are the drafts: a wrong draft cache keeps the
+    output exact and only changes which drafts are kept, so each cache must keep the dynamic cache's number of
+    drafts in every round. The agreeing draft's rounds keep anything from none to all γ drafts (checked), so the
+    static caches are rewound by every amount."""
     ref = reference(target, PROMPT, 30)
-    drafters = {
-        "dynamic": ModelDrafter(close_draft),
-        "compiled": ModelDrafter(close_draft, max_cache_len=64, compile=True, compile_options=COMPILE),
-        "compiled, reduced head": ModelDrafter(close_draft, head_size=32, max_cache_len=64, compile=True,
-                                               compile_options=COMPILE),
+    drafters = {  # name: (drafter, the dynamic-cache drafter with the same head, whose drafts it must make)
+        "dynamic": (ModelDrafter(agreeing_draft), None),
+        "compiled": (ModelDrafter(agreeing_draft, max_cache_len=64, compile=True, compile_options=COMPILE), "dynamic"),
+        "dynamic, reduced head": (ModelDrafter(agreeing_draft, head_size=32), None),
+        "compiled, reduced head": (ModelDrafter(agreeing_draft, head_size=32, max_cache_len=64, compile=True,
+                                                compile_options=COMPILE), "dynamic, reduced head"),
     }
-    for name, drafter in drafters.items():
+    kept = {}
+    for name, (drafter, same_as) in drafters.items():
         for _ in range(2):  # a second generation reuses the (rewound) static cache
-            assert new_tokens(speculative_generate(target, drafter, PROMPT, max_new_tokens=30, gamma=gamma)) == ref, name
+            out = speculative_generate(target, drafter, PROMPT, max_new_tokens=30, gamma=gamma)
+            assert new_tokens(out) == ref, name
+            kept.setdefault(name, out.stats.accepted_per_round)
+            assert out.stats.accepted_per_round == kept[same_as or name], name
+    assert {0, gamma} <= set(kept["dynamic"]), kept["dynamic"]
 
 
 def test_static_cache_samples_what_the_dynamic_cache_samples(target, draft):
