@@ -47,6 +47,24 @@ def test_the_installed_copy_is_found_where_pip_recorded_it(tmp_path, monkeypatch
     assert assets.installed_asset_dir("draft") is None  # recorded nowhere, and no scheme folder holds it
 
 
+def test_the_recorded_copy_wins_over_one_under_sys_prefix(tmp_path, monkeypatch):
+    """Two installed copies (an older install left one under ``sys.prefix``, pip recorded this install's elsewhere):
+    the copy the installed distribution's RECORD lists is the one read."""
+    recorded, stale = tmp_path / "share" / "specdec-edu" / "eval", tmp_path / "old" / "share" / "specdec-edu" / "eval"
+    recorded.mkdir(parents=True)
+    stale.mkdir(parents=True)
+    files = ["../../share/specdec-edu/eval/prompts.json"]
+    monkeypatch.setattr(importlib.metadata, "distribution", lambda name: FakeDistribution(tmp_path, files))
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "old"))
+    assert assets.installed_asset_dir("eval") == recorded.resolve()
+
+
+def test_a_clone_reads_its_own_assets_though_an_install_has_a_copy(monkeypatch, tmp_path):
+    """An editable install beside an older regular one: the repository's ``assets/<name>`` is read, not the copy."""
+    monkeypatch.setattr(assets, "installed_asset_dir", lambda name: tmp_path)
+    assert assets.asset_dir("eval") == assets.repo_asset_dir("eval") != tmp_path
+
+
 @pytest.mark.slow
 def test_a_regular_install_outside_sys_prefix_loads_the_draft(tmp_path):
     """``pip install --prefix`` (data files outside ``sys.prefix``, as on Colab), then load the draft model

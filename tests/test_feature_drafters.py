@@ -2,14 +2,17 @@
 the feature/token alignment, EAGLE's cache rollback, save/load and load_drafter."""
 
 import copy
+import hashlib
 import importlib.util
 import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from conftest import tiny_llama
+from safetensors.torch import load_file, save_file
 from test_greedy import PROMPTS, reference
 from test_sequence_exactness import PROMPT, THRESHOLD, exact_distribution, pvalue, sample_many
 
@@ -21,7 +24,7 @@ from specdec_edu import (
     speculative_generate,
 )
 from specdec_edu.course.controls import MisreportedQDrafter, accept_always, bonus_from_previous_position
-from specdec_edu.models import feature_drafters
+from specdec_edu.models import feature_drafters, feature_training
 from specdec_edu.models.feature_drafters import EagleDrafter, MedusaDrafter, load_drafter
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "train_feature_drafters.py"
@@ -596,3 +599,290 @@ def test_the_fingerprint_reads_float64_sums_on_the_host(target):
         assert feature_drafters.target_fingerprint(target) == expected
     with pytest.raises(TypeError, match="MPS"), Float64OnlyOnTheHost():
         target.lm_head.weight[:2].double()
+
+
+# ---- pinned where hand mutations of feature_drafters.py went unseen by the suite ------------------
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle"])
+def test_q_is_a_distribution_over_the_reduced_head(target, kind):
+    """With ``draft_vocab_size=40`` (of the target's 64 ids), each q row is a distribution over exactly those 40 ids
+    (the loop zero-pads the rest), and every drafted token is one of them."""
+    drafter = make(kind, target, draft_vocab_size=40)
+    context = PROMPTS[5]
+    drafter.observe(features_of(target, context))
+    tokens, q = drafter.propose(context, 3, lambda x: torch.softmax(x, -1), torch.Generator().manual_seed(0))
+    assert q.shape == (3, 40) and (q >= 0).all() and (tokens < 40).all()
+    torch.testing.assert_close(q.sum(-1), torch.ones(3))
+
+
+@pytest.mark.parametrize("cls", [MedusaDrafter, EagleDrafter])
+def test_a_reduced_head_wider_than_the_targets_is_refused(target, cls):
+    with pytest.raises(ValueError, match="draft_vocab_size=100: choose 1..64"):
+        cls(target, draft_vocab_size=100)
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle"])
+def test_features_for_too_many_positions_are_refused(target, kind):
+    """The drafter needs the features of every position but the last: shown the last one too (the caller fed the whole
+    context), it would pair features with the wrong tokens; it says so instead."""
+    drafter = make(kind, target)
+    context = PROMPTS[5]
+    drafter.observe(features_of(target, torch.cat([context, context[-1:]])))  # len(context) features
+    with pytest.raises(ValueError, match="len\\(context\\) - 1"):
+        drafter.propose(context, 3, torch.softmax)
+
+
+def test_reset_forgets_medusas_feature(target):
+    """After a generation, ``reset`` leaves Medusa with no feature: a one-token prompt then has none, and drafts nothing
+    (it drafted from the previous generation's last feature)."""
+    drafter = make("medusa", target)
+    speculative_generate(target, drafter, PROMPTS[5][None], max_new_tokens=5, gamma=3)
+    drafter.reset()
+    tokens, q = drafter.propose(PROMPTS[5][:1], 3, lambda x: torch.softmax(x, -1))
+    assert len(tokens) == 0 and q.shape[0] == 0
+
+
+def test_eagle_drafts_each_step_from_the_feature_it_predicted(target):
+    """EAGLE's draft step i + 1 reads the pair (f̂ of step i, draft i): recomputed here with no cache, as one causal
+    sequence of real features f_0 … f_{L−2} followed by the predicted ones, paired with x_1 … x_{L−1} and the drafts."""
+    drafter = make("eagle", target, seed=5)
+    context = PROMPTS[5]
+    features = features_of(target, context)
+    drafter.observe(features)
+    logged = []
+    tokens, _ = drafter.propose(context, 4, lambda x: (logged.append(x), torch.softmax(x, -1))[1],
+                                torch.Generator().manual_seed(0))
+    inputs, paired, expected = features, context[1:], []
+    with torch.no_grad():
+        for token in tokens:
+            f_hat = drafter.net(inputs[None], drafter.embed(paired)[None])[0, -1]
+            expected.append(drafter.head(f_hat))
+            inputs, paired = torch.cat([inputs, f_hat[None]]), torch.cat([paired, token[None]])
+    torch.testing.assert_close(torch.stack(logged), torch.stack(expected), atol=1e-5, rtol=1e-5)
+
+
+def test_weights_missing_a_layer_are_refused_at_load(tmp_path, target):
+    """A weights file that lacks one of the layer's tensors (written by another version of the drafter) must not load
+    with that tensor left at its random initialisation: the drafter would run, exactly, at α ≈ 0, in silence."""
+    make("eagle", target, seed=1).save(tmp_path)
+    state = load_file(tmp_path / "model.safetensors")
+    del state["fc.bias"]
+    save_file(state, tmp_path / "model.safetensors")
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["weights_sha256"] = hashlib.sha256((tmp_path / "model.safetensors").read_bytes()).hexdigest()
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(RuntimeError, match="fc.bias"):
+        load_drafter("eagle", target, tmp_path)
+
+
+def test_a_fingerprint_without_weights_still_compares_the_vocabulary(target):
+    """A config saved before the weight checksum existed has the shape keys only: a target whose head has another
+    number of rows (ids the drafter was never trained to propose, or lacks) is still refused, by that key."""
+    from specdec_edu.models.feature_drafters import fingerprint_mismatch, target_fingerprint
+
+    old = {key: value for key, value in target_fingerprint(target).items() if key != "weights"}
+    assert fingerprint_mismatch(old, target_fingerprint(target)) is None
+    assert fingerprint_mismatch(old, target_fingerprint(tiny_llama(seed=0, vocab_size=16))) == (
+        "it was trained on a target with vocabulary size 64, this target has 16")
+
+
+def test_save_writes_the_layers_in_the_dtype_asked(tmp_path, target):
+    """``save(path, dtype)``: float16 by default (the committed drafters), float32 when asked, the weights kept
+    bit for bit then."""
+    drafter = make("medusa", target, n_heads=2)
+    drafter.save(tmp_path / "half")
+    drafter.save(tmp_path / "full", dtype=torch.float32)
+    assert {w.dtype for w in load_file(tmp_path / "half" / "model.safetensors").values()} == {torch.float16}
+    full = load_file(tmp_path / "full" / "model.safetensors")
+    assert all(torch.equal(full[name], w) for name, w in drafter.net.state_dict().items())
+
+
+def test_an_untrained_medusa_head_is_the_targets_own_head(target):
+    """Medusa's blocks are residual and start at zero: untrained, every head's q is the target's own next-token
+    distribution at the latest feature (training starts from there, not from a uniform guess)."""
+    drafter = MedusaDrafter(target, n_heads=3)
+    context = PROMPTS[5]
+    features = features_of(target, context)
+    drafter.observe(features)
+    _, q = drafter.propose(context, 3, lambda x: torch.softmax(x, -1), torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        own = torch.softmax(target.get_output_embeddings()(features[-1]), -1)
+    torch.testing.assert_close(q, own.expand(3, -1))
+
+
+# ---- the training functions (feature_training.py), pinned where hand mutations went unseen ---------
+
+
+def corpus_of(lengths, prompt_lengths, n, d=4, k=3):
+    """A Corpus of zeros with the given lengths (only the lengths matter to ``answer_mask`` and ``batch_of``)."""
+    S = len(lengths)
+    return feature_training.Corpus(torch.zeros(S, n, d, dtype=torch.float16), torch.zeros(S, n, dtype=torch.long),
+                        torch.zeros(S, n, k, dtype=torch.int32), torch.zeros(S, n, k, dtype=torch.float16),
+                        torch.tensor(lengths), torch.tensor(prompt_lengths))
+
+
+def test_answer_mask_counts_exactly_the_answer_tokens_that_exist():
+    """Position t + shift's p predicts x_{t+shift+1}: counted iff that token is in the answer (>= the prompt length)
+    and exists (< the length). One position off either way counts a prompt token or a padding slot, or drops the
+    first answer token, and every loss and agreement the training prints moves with it."""
+    data = corpus_of([5, 3], [2, 1], n=5)
+    idx = torch.arange(2)
+    assert data.answer_mask(idx, 0).tolist() == [[False, True, True, True, False], [True, True, False, False, False]]
+    assert data.answer_mask(idx, 1).tolist() == [[True, True, True, False], [True, False, False, False]]
+    assert data.answer_mask(idx, 2).tolist() == [[True, True, False], [False, False, False]]
+
+
+def test_batch_of_keeps_the_longest_sequence_whole():
+    data = corpus_of([5, 3], [1, 1], n=7)
+    features, tokens, top_ids, top_logp, n = feature_training.batch_of(data, torch.tensor([1, 0]), "cpu", torch.float32)
+    assert n == 5 and features.shape == (2, 5, 4) and tokens.shape == (2, 5) and top_ids.shape == top_logp.shape == (2, 5, 3)
+
+
+def test_distillation_loss_renormalises_over_the_drafts_ids_and_skips_rows_without_any():
+    """With a reduced head (V' = 4 here), the target's top-k is renormalised over the ids < V'; an id equal to V' is
+    outside; a row whose top-k has no id < V' carries no signal: it is left out of the mean (not counted as 0) and
+    gives no gradient (not NaN, which would poison every weight at the next step)."""
+    logits = torch.randn(3, 4, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    top_ids = torch.tensor([[1, 4, 3], [2, 0, 9], [4, 5, 6]])
+    top_logp = torch.tensor([[-0.5, -1.0, -2.0], [-0.2, -3.0, -1.0], [-0.1, -0.2, -0.3]])
+    mask = torch.ones(3, dtype=torch.bool)
+    log_q = logits.detach().log_softmax(-1)
+    expected = []
+    for row, ids in ((0, [1, 3]), (1, [2, 0])):
+        p = top_logp[row, [list(top_ids[row]).index(i) for i in ids]].softmax(-1)
+        expected.append(-(p * log_q[row, ids]).sum())
+    loss = feature_training.distill_loss(logits, top_ids, top_logp, mask)
+    torch.testing.assert_close(loss, torch.stack(expected).mean())
+    loss.backward()
+    assert torch.isfinite(logits.grad).all() and logits.grad[2].abs().sum() == 0
+
+
+def test_top1_agreement_compares_with_the_targets_likeliest_token():
+    logits = torch.tensor([[0.0, 5.0, 1.0], [3.0, 0.0, 1.0]])
+    top_ids = torch.tensor([[1, 2], [2, 0]])  # row 0: argmax 1 = the target's top-1; row 1: argmax 0 is its second
+    assert feature_training.top1_agreement(logits, top_ids, torch.tensor([True, True])) == 0.5
+    assert feature_training.top1_agreement(logits, top_ids, torch.tensor([True, False])) == 1.0
+
+
+def test_collected_features_stay_with_their_own_sequence():
+    """``collect_features`` runs sequences sorted by length, in batches: each sequence's features, tokens and top-k
+    land in its own row (in the caller's order), the same as a forward of that sequence alone."""
+    target = tiny_llama(seed=0)
+    rows = [(list(range(3, 9)), 2), (list(range(10, 13)), 1), (list(range(20, 25)), 3)]  # lengths 6, 3, 5: sorted 1, 2, 0
+    data = feature_training.collect_features(target, rows, top_k=4, batch_size=2)
+    assert data.lengths.tolist() == [6, 3, 5] and data.prompt_lengths.tolist() == [2, 1, 3]
+    for i, (ids, _) in enumerate(rows):
+        L = len(ids)
+        with torch.no_grad():
+            alone = target.get_decoder()(input_ids=torch.tensor([ids])).last_hidden_state[0]
+            top = target.get_output_embeddings()(alone).log_softmax(-1).topk(4, -1)
+        assert data.tokens[i, :L].tolist() == ids and not data.tokens[i, L:].any()
+        torch.testing.assert_close(data.features[i, :L].float(), alone, atol=2e-3, rtol=2e-3)
+        assert torch.equal(data.top_ids[i, :L], top.indices.int())
+
+
+def test_token_data_reads_each_sequence_of_each_shard(tmp_path):
+    """Shards hold their sequences back to back (``tokens``) with their ``lengths`` and ``prompt_lengths``; answers
+    come before documentation text."""
+    np.savez(tmp_path / "text_000.npz", tokens=np.array([7, 8], dtype=np.int32), lengths=np.array([2]),
+             prompt_lengths=np.array([0]))
+    np.savez(tmp_path / "answers_000.npz", tokens=np.array([1, 2, 3, 4, 5], dtype=np.int32), lengths=np.array([3, 2]),
+             prompt_lengths=np.array([1, 1]))
+    assert feature_training.load_token_data(tmp_path) == [([1, 2, 3], 1), ([4, 5], 1), ([7, 8], 0)]
+
+
+def test_evaluation_covers_every_sequence_once():
+    """Batches of 2 over 3 sequences: the last batch holds the one sequence left, not an index past the end."""
+    seen = []
+
+    def loss_fn(idx):
+        seen.append(idx.tolist())
+        return None, [float(len(idx))]
+
+    three = feature_training.Corpus(*[torch.zeros(3, 1)] * 6)
+    assert feature_training.evaluate_teacher_forced(None, loss_fn, three, batch_size=2) == [1.5]
+    assert seen == [[0, 1], [2]]
+
+
+def bigram_corpus(target, lengths, prompt_length=1):
+    """The bigram target's own greedy text (x, x+1, …) of the given lengths, teacher-forced."""
+    rows = [[(start + i) % V for i in range(n)] for start, n in zip((0, 5, 9, 14), lengths)]
+    return feature_training.collect_features(target, [(row, prompt_length) for row in rows], top_k=4)
+
+
+def test_the_perfect_eagle_has_no_regression_loss_on_any_pass_or_length():
+    """The handmade, perfectly aligned EAGLE predicts f_{t+1} exactly: on sequences of different lengths (right-padded)
+    its regression loss is ~0 on every pass of the training-time test, which feeds pass j+1 the predictions f̂_t at
+    the positions they predict. Padding slots (features 0) must not count, and a pass fed its predictions one
+    position off is not perfect."""
+    target = bigram_target()
+    data = bigram_corpus(target, [12, 7, 9, 4])
+    loss, _ = feature_training.eagle_loss(handmade_eagle(target), data, torch.arange(len(data)), w_distill=0.0, unroll=3)
+    assert float(loss.detach()) < 1e-5
+
+
+def test_eagle_noise_is_symmetric_and_bounded():
+    """``noise=a``: U(−a, a) on pass 1's input features, as in EAGLE-1: centred on the real features, never past a."""
+    target = bigram_target()
+    data = bigram_corpus(target, [12, 12])
+    drafter = handmade_eagle(target)
+    net, inputs = drafter.net, []
+
+    def recording(features, embeds):
+        inputs.append(features)
+        return net(features, embeds)
+
+    drafter.net = recording
+    feature_training.eagle_loss(drafter, data, torch.arange(2), noise=0.5, generator=torch.Generator().manual_seed(0))
+    offset = inputs[0] - data.features[:, :-1].float()
+    assert offset.abs().max() <= 0.5 and offset.min() < -0.4 and offset.max() > 0.4 and abs(float(offset.mean())) < 0.05
+
+
+def test_each_medusa_head_is_scored_on_its_own_answer_positions():
+    """Head k on f_t is scored against p_{t+k} where x_{t+k+1} is an answer token. Prompt of 5 tokens, 6 in all: the
+    one answer token x_5 is head 1's at t = 3 and head 2's at t = 2. The target's p_5 (which predicts a token past the
+    end) is made wrong here: a head scored one position late meets it and loses its agreement."""
+    target = bigram_target()
+    data = bigram_corpus(target, [6], prompt_length=5)
+    data.top_ids[0, 5] = (data.top_ids[0, 5] + 3) % V
+    _, agree = feature_training.medusa_loss(handmade_medusa(target, n_heads=2), data, torch.arange(1))
+    assert agree == [1.0, 1.0]
+
+
+def test_the_second_pass_reads_each_prediction_at_the_position_it_predicts():
+    """Training-time test: pass 1 maps (f_t, x_{t+1}) to f̂_{t+1}; pass 2 reads f̂_t at position t (f_0 stays real),
+    as draft step 2 reads the layer's own output. Recorded on a random EAGLE (the handmade one ignores its features)."""
+    target = tiny_llama(seed=0)
+    data = feature_training.collect_features(target, [(list(range(3, 11)), 2), (list(range(20, 28)), 2)], top_k=4)
+    drafter = make("eagle", target, seed=1)
+    net, calls = drafter.net, []
+
+    def recording(features, embeds):
+        out = net(features, embeds)
+        calls.append((features, out))
+        return out
+
+    drafter.net = recording
+    feature_training.eagle_loss(drafter, data, torch.arange(2), unroll=2)
+    (first_in, first_out), (second_in, _) = calls
+    assert torch.equal(second_in[:, 0], first_in[:, 0]) and torch.equal(second_in[:, 1:], first_out[:, :-1])
+
+
+def test_training_decays_the_learning_rate_along_a_cosine(monkeypatch):
+    """``train``: AdamW at ``lr`` on step 0, then lr · (1 + cos(π · step / max_steps)) / 2 (half-way: lr / 2)."""
+    target = bigram_target()
+    data = bigram_corpus(target, [12, 12])
+    drafter = handmade_medusa(target, n_heads=2)
+    rates = []
+
+    class RecordingAdamW(torch.optim.AdamW):
+        def step(self, *args, **kwargs):
+            rates.append(self.param_groups[0]["lr"])
+            return super().step(*args, **kwargs)
+
+    monkeypatch.setattr(torch.optim, "AdamW", RecordingAdamW)
+    feature_training.train(drafter, lambda idx: feature_training.medusa_loss(drafter, data, idx), data, minutes=10,
+                           lr=1e-3, batch_size=2, generator=torch.Generator().manual_seed(0), desc="test", max_steps=4)
+    expected = [1e-3 * (1 + np.cos(np.pi * step / 4)) / 2 for step in range(4)]
+    assert rates == pytest.approx(expected) and rates[2] == pytest.approx(5e-4)

@@ -230,6 +230,19 @@ def test_model_shapes_live_with_the_models(target):
     assert max_positions(gpt2_like) == 16
 
 
+def test_head_rows_counts_the_output_head_not_the_embedding():
+    """A reduced head (the embedded draft's kind: fewer output rows than input ids) produces only its own rows:
+    ``head_rows`` reads the output head, which the loops pad q to and ``check_draft_head`` compares."""
+    from conftest import tiny_llama
+
+    from specdec_edu.models.shapes import head_rows
+
+    model = tiny_llama(seed=0)
+    model.config.tie_word_embeddings = False
+    model.lm_head = torch.nn.Linear(64, 40, bias=False)
+    assert (model.get_input_embeddings().weight.shape[0], head_rows(model)) == (64, 40)
+
+
 # Pinned where a hand mutation of result.py went unseen by the suite.
 def test_an_eos_among_the_accepted_drafts_of_a_rejected_round_is_no_rejection():
     """Drafts 5 and 7 accepted, 9 rejected (3 would replace it), and 7 is the EOS: the answer ends at 7, so the
