@@ -498,3 +498,54 @@ def test_an_output_path_no_file_can_be_made_in_is_refused_even_for_root(bench_pa
     assert err.startswith("error: could not write /proc/specdec_x.json")
     assert json.loads(saved.read_text()) == {"tok_s": {"target": 1.0}}
     saved.unlink()
+
+
+def test_the_suffix_min_prob_accepts_both_ends_of_its_range(bench_parser):
+    """[0, 1] is closed: 1 (draft only what always followed) and 0 are probabilities."""
+    for value in ("0", "1"):
+        assert bench_parser.parse_args(["--drafter", "suffix", "--suffix-min-prob", value]).suffix_min_prob == float(value)
+
+
+def test_configure_hf_assistant_sets_a_fixed_gamma_or_hfs_defaults():
+    """gamma: exactly γ drafts a round, constant schedule, no confidence stop (as our decoders draft); None: HF's
+    out-of-the-box 20 drafts with its 0.4 confidence stop."""
+    draft = types.SimpleNamespace(generation_config=types.SimpleNamespace())
+    cfg = draft.generation_config
+    bench.configure_hf_assistant(draft, 3)
+    assert (cfg.num_assistant_tokens, cfg.num_assistant_tokens_schedule, cfg.assistant_confidence_threshold) == (
+        3, "constant", 0.0)
+    bench.configure_hf_assistant(draft, None)
+    assert (cfg.num_assistant_tokens, cfg.num_assistant_tokens_schedule, cfg.assistant_confidence_threshold) == (
+        20, "constant", 0.4)
+
+
+def test_every_named_prompt_set_loads_and_reworded_is_the_rewording():
+    """Each non-default --prompt-set names a list of prompts in assets/eval/prompts.json (tuning-open-chat too), and
+    "reworded" gives the reworded questions, not the originals whose answers were indexed first."""
+    for name in bench.PROMPT_SETS[1:]:
+        prompts = bench.eval_prompts(name)
+        assert prompts and all(isinstance(p, str) and p for p in prompts), name
+    reworded = bench.eval_prompts("reworded")
+    assert reworded == [r for _, r in bench.reworded_pairs()] and set(reworded).isdisjoint(bench.reworded_originals())
+
+
+def test_summarise_checks_outputs_against_target_only_and_measures_a_gamma_plus_one_verify(monkeypatch):
+    """Hand-made results: the speculative run's output differs from target-only's, so "identical_outputs" says so (and
+    the table prints NO); compiled over eager is compiled tok/s ÷ eager tok/s (4 / 2 = 2 for speculative); and the
+    verify pass is measured on γ + 1 positions (γ drafts and the bonus), as the course defines it."""
+    widths = []
+    monkeypatch.setattr(bench, "measured_verify_cost", lambda target, width, **kw: widths.append(width) or 1.0)
+    target = types.SimpleNamespace(device=torch.device("cpu"), dtype=torch.float32)
+    spec = GenerationStats(new_tokens=10, rounds=4, drafted=8, accepted=6, rejected_rounds=2, draft_seconds=0.4,
+                           verify_seconds=2.4)
+    base = GenerationStats(rounds=9, verify_seconds=4.5)
+    results = {"speculative": MethodResult("speculative", [4.0], [[1, 2]], [spec]),
+               "target_only": MethodResult("target_only", [2.0], [[1, 3]], [base]),
+               "speculative_eager": MethodResult("speculative_eager", [2.0], [[1, 3]], [spec]),
+               "target_only_eager": MethodResult("target_only_eager", [1.0], [[1, 3]], [base])}
+    out = bench.summarise(target, None, results, "model", 4, [torch.tensor([[1]])], True, ({"draft": 1.0}, spec))
+    assert widths == [5]
+    assert out["identical_outputs"] == {"speculative": False, "target_only": True, "speculative_eager": True,
+                                        "target_only_eager": True}
+    assert out["compiled_over_eager"] == {"target_only": 2.0, "speculative": 2.0}
+    assert "| speculative | 4.0 | 2.00 | NO |" in format_table(out)

@@ -171,6 +171,8 @@ def test_cli_parses_demo_flags():
     (["bench", "--limit", "0"], "argument --limit: 0 is not a whole number >= 1"),
     (["bench", "--threads", "-1"], "argument --threads: -1 is not a whole number >= 1"),
     (["demo", "--threads", "0"], "argument --threads: 0 is not a whole number >= 1"),
+    (["demo", "--gamma", "2.5"], "argument --gamma: '2.5' is not a whole number"),
+    (["demo", "--sample", "--temperature", "inf"], "--temperature: inf is not a finite number > 0"),
     (["bench", "--batch-new-tokens", "0"], "argument --batch-new-tokens: 0 is not"),
     (["bench", "--pair", "foo"], "argument --pair: invalid choice: 'foo'"),
     (["gpu-report", "--pair", "foo"], "argument --pair: invalid choice: 'foo'"),
@@ -344,3 +346,44 @@ def test_demo_threads_sets_torchs_threads_and_says_so(tiny_pair, char_tokenizer,
         torch.set_num_threads(before)
     assert seen == [1]
     assert "running on cpu with 1 thread, float32, eager" in capsys.readouterr().err
+
+
+def _hand_made_report(**fields):
+    """A DrafterReport from hand-made numbers (no model): 2 tok/s target-only, 4 tok/s speculative."""
+    run = lambda **stats: types.SimpleNamespace(stats=GenerationStats(**stats))  # noqa: E731
+    return demo.DrafterReport("model", "p", run(new_tokens=10, seconds=5.0), run(new_tokens=10, seconds=2.5, drafted=8,
+                              accepted=6, rejected_rounds=2), **(dict(identical=True, speedup=2.0, c=0.1, verify_cost=1.2,
+                              predicted=2.18, predicted_with_verify_cost=1.91) | fields))
+
+
+def test_the_summary_rows_show_each_reports_own_fields_aligned():
+    """Each row holds its own field (c beside c, the verify-cost prediction beside that label), and every line of the
+    table is as wide as the header (the drafter's label, wider than its cells, sets the column)."""
+    rows = dict(demo.summary_rows([_hand_made_report()], gamma=4))
+    assert rows["c  draft token / target step"] == ["0.100"] and rows["verify cost / target step"] == ["1.20"]
+    assert rows["predicted speedup (γ=4)"] == ["2.18x"] and rows["predicted, with that cost"] == ["1.91x"]
+    assert rows["measured speedup"] == ["2.00x"] and rows["identical to target-only"] == ["yes"]
+    lines = demo.format_table([_hand_made_report(), _hand_made_report(c=float("nan"))], gamma=4).splitlines()
+    assert len({len(line) for line in lines}) == 1 and lines[0].endswith("model draft  model draft")
+    assert re.search(r"c  draft token / target step\s+0.100\s+n/a$", "\n".join(lines), re.M)
+
+
+@pytest.mark.parametrize("costs, says", [
+    ([1.2, 1.5], "cost 1.20–1.50 target steps: more than one"),
+    ([0.9, 1.5], "cost 0.90–1.50 target steps: one or more"),
+    ([1.0, 1.002, float("nan")], "cost 1.00 target steps: about one"),
+])
+def test_the_verify_cost_note_states_the_range_measured(costs, says):
+    """The footer's range is min–max of the measured costs (one number when they agree to the cent), and its word
+    ("more than one", "about one", "one or more") follows both ends: a range across 1.1 is "one or more"."""
+    assert says in demo.verify_cost_note([_hand_made_report(verify_cost=c) for c in costs])
+
+
+def test_the_summary_header_counts_the_runs_and_keeps_the_seed(tiny_pair):
+    """repeats=2 is "best of 2 runs each", not "one run each"; --seed 5 reaches the settings as 5."""
+    for repeats, says in ((1, "one run each"), (2, "best of 2 runs each")):
+        out = io.StringIO()
+        demo.print_summary([_hand_made_report()], demo.DemoSettings(repeats=repeats), out)
+        assert f"=== summary (greedy, {says}) ===" in out.getvalue()
+    args = build_parser().parse_args(["demo", "--sample", "--seed", "5"])
+    assert demo.settings_from_args(args, io.StringIO()).seed == 5

@@ -3,6 +3,7 @@ number it promises, and the README's "what to expect on your GPU" table is its `
 
 import io
 import re
+import types
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,14 @@ import torch
 
 from specdec_edu.__main__ import build_parser
 from specdec_edu.commands import gpu_report
-from specdec_edu.commands.gpu_report import ReportSettings, predicted_row, predicted_table, run_report, verdict
+from specdec_edu.commands.gpu_report import (
+    ReportSettings,
+    predicted_row,
+    predicted_table,
+    run_report,
+    step_costs,
+    verdict,
+)
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -176,3 +184,109 @@ def test_the_path_line_names_the_compiled_path_the_device_takes(monkeypatch):
     assert compiled_path(torch.device("cpu")) == "compiled (torch.compile)"
     monkeypatch.setenv("SPECDEC_EDU_COMPILE", "inductor")
     assert compiled_path(torch.device("cuda")) == "compiled (torch.compile; inductor with CUDA graphs)"
+
+
+def test_the_verdict_follows_the_prediction_with_the_measured_verify_cost():
+    """A cheap draft (c 0.05) under a costly verify pass (3.5 steps): Leviathan's plain formula predicts 2.8×, the one with
+    the verify cost 0.91×. The verdict must follow the latter (the report measured that cost to use it), and its break-even
+    α must be the one with that cost: a sentence saying "pays" here would contradict the number it prints beside it."""
+    from specdec_edu.theory import alpha_for_speedup
+
+    costs = {"c": 0.05, "verify_cost": 3.5}
+    sentence = verdict(costs, alpha=0.8, gamma=4)
+    assert "this pair does not pay on this device" in sentence
+    assert f"it breaks even from α ≈ {alpha_for_speedup(1.0, 4, 0.05, 3.5):.2f}" in sentence
+    assert "does not pay on this device" in verdict(costs, alpha=0.8, gamma=4, measured=0.5)
+    assert "they disagree" in verdict(costs, alpha=0.8, gamma=4, measured=2.0)
+
+
+def test_describe_costs_states_the_numbers_it_is_given():
+    """Hand-made costs: 3.4 GB of weights read at 340 GB/s is a 10 ms floor; a 30 ms target step is 3.0× that floor."""
+    costs = {"weight_bytes": 3.4e9, "read_bandwidth": 340e9, "memory_floor": 0.01, "target_step": 0.03,
+             "draft_step": 0.006, "c": 0.2, "verify_cost": 1.25}
+    text = gpu_report.describe_costs(costs, "cpu", torch.float32, compiled=False)
+    assert "3.40 GB of weights ÷ 340 GB/s read here = 10.00 ms" in text
+    assert "target step 30.00 ms (3.0× its floor), draft step 6.00 ms, c = 0.20" in text
+    assert "measured on cpu, float32, eager" in text and "verify of γ + 1 tokens = 1.25 steps" in text
+
+
+def test_step_costs_times_a_verify_of_gamma_plus_one_tokens(monkeypatch):
+    """The verify cost is a (γ + 1)-token forward (γ drafts and the bonus position), and the bandwidth buffer defaults to
+    1 GiB on CUDA, 256 MiB elsewhere. Every measurement is faked: the test pins what step_costs asks for."""
+    from specdec_edu.course import measure
+
+    asked = {}
+    monkeypatch.setattr(measure, "read_bandwidth", lambda device, n: asked.setdefault("bytes", []).append(n) or 1e9)
+    monkeypatch.setattr(measure, "parameter_bytes", lambda model: 2e6)
+    monkeypatch.setattr(measure, "forward_seconds", lambda model, n, **kw: 0.004 if kw.get("role") == "draft" else 0.01)
+    monkeypatch.setattr(measure, "measured_verify_cost",
+                        lambda model, width, **kw: asked.setdefault("width", width) and 1.5)
+    for device in ("cpu", "cuda"):
+        fake = types.SimpleNamespace(device=torch.device(device))
+        costs = step_costs(fake, fake, gamma=4, compiled=False)
+    assert asked == {"bytes": [2**28, 2**30], "width": 5}
+    assert costs["c"] == pytest.approx(0.4) and costs["memory_floor"] == pytest.approx(2e-3)
+
+
+def test_the_predicted_table_uses_its_gamma_and_alpha():
+    """Its rows are predicted_row at the table's γ and α, not at the defaults the header used to hide."""
+    lines = predicted_table(gamma=6, alpha=0.6).splitlines()
+    for (gpu, gb_s), line in zip(gpu_report.DATASHEET_GB_S.items(), lines[2:]):
+        assert line.startswith(f"| {gpu} |") and f"| {predicted_row(gb_s, 6, 0.6)['speedup']:.2f}× |" in line
+
+
+def test_the_speedup_is_speculative_over_target_only(monkeypatch):
+    """_median_speedup on hand-made runs: target-only at 10 and 30 tok/s (median 20), speculative at 50 tok/s: 2.5×."""
+    from specdec_edu.course import diagnostics, experiments
+
+    run = lambda tps, alpha=None: types.SimpleNamespace(  # noqa: E731
+        stats=types.SimpleNamespace(tokens_per_second=tps, alpha=alpha), row=lambda i: [1])
+    monkeypatch.setattr(experiments, "interleaved_benchmark", lambda fns, **kw: {
+        "target": [run(10.0), run(30.0)], "spec": [run(50.0, 0.7), run(50.0, 0.9)]})
+    monkeypatch.setattr(diagnostics, "check_same_output", lambda *a, **kw: {"identical": True})
+    speedup, alpha, check = gpu_report._median_speedup(None, None, torch.zeros(1, 3, dtype=torch.long),
+                                                      ReportSettings(repeats=2), eos=None)
+    assert (speedup, alpha, check["identical"]) == (pytest.approx(2.5), pytest.approx(0.8), True)
+
+
+def test_both_verdict_lines_weigh_the_measured_speedup(tiny_pair, char_tokenizer, monkeypatch):
+    """The own draft's and the dial's verdicts each quote the speedup just measured, and the dict returns the numbers
+    printed (the dial's speedup is the dial's, not the own draft's)."""
+    monkeypatch.delenv("SPECDEC_EDU_DTYPE", raising=False)
+    out = io.StringIO()
+    settings = ReportSettings(max_new_tokens=8, repeats=1, prompts=("Hi there.",), bandwidth_bytes=2**20)
+    numbers = run_report(*tiny_pair, char_tokenizer, settings, out, pair="tiny", load_seconds=0.0)
+    lines = out.getvalue().splitlines()
+    verdicts = [line for line in lines if line.startswith("  At α")]
+    own = next(line for line in lines if line.startswith("the pair's own draft"))
+    dial = next(line for line in lines if line.startswith("dial drafter"))
+    assert f"measured {numbers['speedup_own']:.2f}×" in own and f"measured {numbers['speedup_dial']:.2f}×" in dial
+    assert len(verdicts) == 2 and f"measured {numbers['speedup_own']:.2f}×" in verdicts[0]
+    assert f"measured {numbers['speedup_dial']:.2f}×" in verdicts[1]
+
+
+def test_quick_picks_the_quick_settings(monkeypatch):
+    """``--quick`` reaches run_report as ReportSettings.quick(); without it, the full settings (loading faked)."""
+    from specdec_edu.models import embedded
+
+    seen = []
+    monkeypatch.setattr(embedded, "load_pair", lambda pair: (None, None, None))
+    monkeypatch.setattr(gpu_report, "run_report", lambda *a, **kw: seen.append(a[3]))
+    for argv in (["gpu-report", "--quick", "--pair", "embedded"], ["gpu-report", "--pair", "embedded"]):
+        assert gpu_report.main(build_parser().parse_args(argv), io.StringIO()) == 0
+    assert seen == [ReportSettings.quick(), ReportSettings()]
+
+
+def test_the_report_prints_the_speedup_and_alpha_in_their_places(tiny_pair, char_tokenizer, monkeypatch):
+    """Every run's (speedup, α) faked as (2.5, 0.6): the own draft's line reads "measured 2.50× (median), α = 0.60"
+    and the dict holds the same, not the two swapped. On a CPU's default eager path nothing failed to compile, so
+    the path line says no "compiling failed"."""
+    monkeypatch.delenv("SPECDEC_EDU_DTYPE", raising=False)
+    monkeypatch.delenv("SPECDEC_EDU_COMPILE", raising=False)
+    monkeypatch.setattr(gpu_report, "_median_speedup", lambda *a, **kw: (2.5, 0.6, {"identical": True}))
+    out = io.StringIO()
+    settings = ReportSettings(max_new_tokens=8, repeats=1, prompts=("Hi there.",), bandwidth_bytes=2**20)
+    numbers = run_report(*tiny_pair, char_tokenizer, settings, out, pair="tiny", load_seconds=0.0)
+    assert "measured 2.50× (median), α = 0.60" in out.getvalue()
+    assert (numbers["speedup_own"], numbers["alpha_own"]) == (2.5, 0.6)
+    assert "path:   eager;" in out.getvalue() and "compiling failed" not in out.getvalue()
