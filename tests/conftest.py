@@ -107,7 +107,12 @@ def agreeing_draft(target):
     """A closer copy (noise 0.05): greedy α ≈ 0.63 on test_greedy's 24 prompts, so greedy rounds keep anything from
     none to all of their drafts, and a batch's rows roll back by different amounts in one round
     (``test_greedy.test_agreeing_draft_keeps_every_number_of_drafts`` checks that it still does)."""
-    return perturbed_copy(target, noise=0.05, seed=2)
+    return agreeing_copy(target)
+
+
+def agreeing_copy(model):
+    """``agreeing_draft``'s weights as a fresh object (for tests that need models of their own)."""
+    return perturbed_copy(model, noise=0.05, seed=2)
 
 
 @pytest.fixture(scope="session")

