@@ -151,6 +151,17 @@ SLOW = {  # "file::test function" (every parametrization): why it is slow
     "test_bench.py::test_bench_compiled_runs_the_eager_twins_beside": "the bench, compiled, with eager twins beside",
     "test_embedded.py::test_loading_from_the_cache_needs_neither_gguf_nor_accelerate": "a fresh Python interpreter",
     "test_compiled.py::test_a_compiled_cache_compiles_every_width_when_it_is_made": "compiles every width of a cache",
+    "test_gpu_check.py::test_goals_runs_only_the_compiled_rows_and_the_peers": "scripts/gpu_check.py end to end, compiled",
+    "test_gpu_check.py::test_the_dial_replays_the_measured_paths_own_target_output": "scripts/gpu_check.py end to end",
+    "test_cold_start.py::test_the_tiny_smoke_reports_every_part_cold_and_warm": "fresh Python processes, cold and warm",
+    "test_assets.py::test_a_regular_install_outside_sys_prefix_loads_the_draft": "pip installs the package",
+    "test_execute_notebooks.py::test_jobs_run_notebooks_side_by_side_and_a_deadline_still_prints_the_table":
+        "Jupyter kernels, waiting for a deadline",
+    "test_execute_notebooks.py::test_a_kernel_that_stops_answering_costs_a_rerun_not_the_deadline":
+        "Jupyter kernels, waiting for a cell timeout",
+    "test_gpu_course_checks.py::test_a_step_cut_by_its_own_limit_exits_3_and_says_which": "waits for a step's time limit",
+    "test_gpu_course_checks.py::test_a_stage_writes_its_provenance_and_skips_what_its_budget_cannot_hold":
+        "the GPU stage script end to end, on the CPU",
 }
 SLOW_MARKERS = {  # every test with one of these markers is slow too
     "embedded": "loads the embedded model pair (a 93 MB download on first use)",
