@@ -68,6 +68,66 @@ def test_a_run_passes_only_if_its_checks_hold(tmp_path, capsys):
         execute_notebooks.parse_args(["--check-only", "--scratch"])  # it runs nothing
 
 
+def fake_execute(run: dict):
+    """A stand-in for ``execute`` (no kernel): "runs" a notebook by writing ``run[path.name]`` (a notebook, or an
+    exception to raise) to the destination, as a kernel's run would, and returns 1 s."""
+    def execute(path, timeout, destination=None, deadline=None):
+        result = run[path.name]
+        if isinstance(result, Exception):
+            raise result
+        nbformat.write(result, destination or path)
+        return 1.0
+    return execute
+
+
+def test_a_scratch_run_is_judged_by_the_numbers_it_recorded_not_the_committed_ones(tmp_path, capsys, monkeypatch):
+    """The two-run check reads the executed copy: a committed notebook whose prose holds for its own outputs fails
+    when this run's numbers contradict it, and the other way round. ``--quick`` records other numbers than the prose
+    describes, so there the checks are not evaluated (and the row says so). No kernel: ``execute`` is replaced by one
+    that writes the run's notebook. Before this test, a run judged by the committed outputs (or never judged)
+    passed every test."""
+    monkeypatch.setenv("SPECDEC_EDU_QUICK", "0")
+    monkeypatch.setenv("PYTHONPATH", "")
+    committed_holds, committed_flipped = tmp_path / "00_holds.ipynb", tmp_path / "01_flipped.ipynb"
+    nbformat.write(recorded_notebook({"speedup": 1.4}, "speedup > 1", "speedup > 1.2"), committed_holds)
+    nbformat.write(recorded_notebook({"speedup": 0.9}, "speedup > 1"), committed_flipped)
+    before = committed_holds.read_text(), committed_flipped.read_text()
+    run = {"00_holds.ipynb": recorded_notebook({"speedup": 0.9}, "speedup > 1", "speedup > 1.2"),  # this run flips both
+           "01_flipped.ipynb": recorded_notebook({"speedup": 1.4}, "speedup > 1")}  # this run supports it
+    monkeypatch.setattr(execute_notebooks, "execute", fake_execute(run))
+    paths = [str(committed_holds), str(committed_flipped)]
+    assert execute_notebooks.main([*paths, "--scratch", "--out", str(tmp_path / "full")]) == 1
+    rows = capsys.readouterr().out.splitlines()
+    assert [r for r in rows if r.startswith("00_holds")][0].endswith(
+        "FAIL: 2 of 2 checks: cell 1: speedup > 1; cell 1: speedup > 1.2")
+    assert [r for r in rows if r.startswith("01_flipped")][0].endswith("pass (1 checks)")
+    assert execute_notebooks.main([paths[1], "--scratch", "--out", str(tmp_path / "one")]) == 0
+    assert execute_notebooks.main([*paths, "--scratch", "--quick", "--out", str(tmp_path / "quick")]) == 0
+    assert capsys.readouterr().out.count("pass (checks not evaluated: --quick)") == 2
+    assert (committed_holds.read_text(), committed_flipped.read_text()) == before
+
+
+def test_a_failing_notebook_stops_an_in_place_run_and_is_a_fail_row_in_scratch(tmp_path, capsys, monkeypatch):
+    """In place, a notebook that fails ends the run with its error (the notebooks after it are not run over a
+    broken state, and nothing reads as done); with ``--scratch`` it is a FAIL row, the next notebook runs, and the
+    exit status is 1. No kernel (``execute`` replaced)."""
+    monkeypatch.setenv("SPECDEC_EDU_QUICK", "0")
+    monkeypatch.setenv("PYTHONPATH", "")
+    paths = [tmp_path / "00_bad.ipynb", tmp_path / "01_good.ipynb"]
+    for path in paths:
+        nbformat.write(recorded_notebook({"speedup": 1.4}, "speedup > 1"), path)
+    run = {"00_bad.ipynb": ZeroDivisionError("division by zero"),
+           "01_good.ipynb": recorded_notebook({"speedup": 1.4}, "speedup > 1")}
+    monkeypatch.setattr(execute_notebooks, "execute", fake_execute(run))
+    with pytest.raises(ZeroDivisionError):
+        execute_notebooks.main([str(p) for p in paths])
+    assert "01_good" not in capsys.readouterr().out  # the run stopped at the broken notebook
+    assert execute_notebooks.main([*map(str, paths), "--scratch", "--out", str(tmp_path / "out")]) == 1
+    table = capsys.readouterr().out.splitlines()[-3:-1]
+    assert table[0].startswith("00_bad.ipynb") and table[0].endswith("FAIL: division by zero")
+    assert table[1].startswith("01_good.ipynb") and table[1].endswith("pass (1 checks)")
+
+
 def write_notebook(path: Path, source: str) -> Path:
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source)])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
@@ -148,6 +208,20 @@ def test_the_exit_status_tells_a_run_cut_by_its_deadline_from_a_failing_notebook
     assert execute_notebooks.exit_status([broken]) == 1
 
 
+def test_only_the_runners_own_deadline_rows_read_as_cut():
+    """Exit status 3 ("cut short") needs every failing row to *be* a deadline row: a notebook whose own error
+    message mentions a deadline, or whose checks failed, is broken (1). And ``--check-only`` runs nothing, so it
+    takes no run settings."""
+    own_error = ("00.ipynb", None, "FAIL: RuntimeError: stopped at the 30 s deadline of my own loop")
+    checks = ("01.ipynb", 9.0, "FAIL: 1 of 2 checks: cell 4: speedup > 1")
+    stopped = ("02.ipynb", None, "FAIL: stopped at the 300 s deadline in cell 4 (its copy has the cells that ran)")
+    assert execute_notebooks.exit_status([own_error, stopped]) == 1
+    assert execute_notebooks.exit_status([checks, stopped]) == 1
+    for run_setting in (["--scratch"], ["--quick"]):
+        with pytest.raises(SystemExit):
+            execute_notebooks.parse_args(["--check-only", *run_setting])
+
+
 def test_a_kernel_that_stops_answering_costs_a_rerun_not_the_deadline(tmp_path, capsys, monkeypatch):
     """The first run's kernel goes quiet in cell 1 (it sleeps past the 4 s cell timeout); --retries 1 runs the
     notebook again, and that run passes. The negative control, --retries 0: a FAIL row that names the cell."""
@@ -206,3 +280,41 @@ def test_an_install_log_is_never_written_over_a_committed_notebook(tmp_path):
 @pytest.mark.parametrize("path", sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")), ids=lambda p: p.name[:2])
 def test_committed_outputs_hold_no_install_log_or_machine_path(path):
     assert machine_text(nbformat.read(path, as_version=4)) == []
+
+
+def test_every_kind_of_machine_text_is_found_wherever_an_output_holds_it():
+    """Each alternative of ``MACHINE_TEXT``, in each place a reader sees it (a stream as a list of lines, a plain-text
+    result, a traceback, not only on an output's first line), is found; the committed notebooks hold none, so only
+    this negative control shows the check can fail. Clean text is left alone."""
+    leaks = ["/root/specdec", "/home/me/x", "/work/main/x", "/tmp/x", "/Users/me/x", "C:\\Users\\me", "site-packages/torch",
+             "~/.cache/huggingface", "Looking in indexes: https://pypi.org", "Collecting torch", "Downloading torch-2.whl",
+             "Successfully installed torch-2", "Requirement already satisfied: torch", "[specdec_edu] first use: built",
+             "[specdec_edu] downloading the pair"]
+    for leak in leaks:
+        outputs = [nbformat.v4.new_output("stream", name="stderr", text=["clean\n", f"  {leak}\n"]),
+                   nbformat.v4.new_output("execute_result", data={"text/plain": f"clean\n{leak}"}),
+                   nbformat.v4.new_output("error", ename="E", evalue="", traceback=["clean", f"at {leak}"])]
+        nb = {"cells": [{"cell_type": "markdown", "source": leak}, {"cell_type": "code", "outputs": outputs}]}
+        assert machine_text(nb) == [f"cell 1: {leak}", f"cell 1: {leak}", f"cell 1: at {leak}"], leak
+    clean = nbformat.v4.new_output("stream", name="stdout", text="speedup 1.4x in 56 ms; α = 0.62 (see notebooks/07)\n")
+    assert machine_text({"cells": [{"cell_type": "code", "outputs": [clean]}]}) == []
+
+
+def test_tagged_cells_are_skipped_and_keep_their_source(tmp_path):
+    """A cell tagged ``gpu`` (``colab``, ``hub``: tests/notebook_tags.py) does not run on the machine that writes the
+    committed outputs, and its source comes back with no output: a notebook whose GPU cell would fail here passes,
+    and its copy still shows the learner that cell. One kernel, one short run."""
+    gpu = nbformat.v4.new_code_cell("raise RuntimeError('needs CUDA')", outputs=[
+        nbformat.v4.new_output("stream", name="stdout", text="an old output\n")], execution_count=3)
+    gpu.metadata["tags"] = ["solution", "gpu"]
+    shown = nbformat.v4.new_code_cell("print('ran')")
+    shown.metadata["tags"] = ["solution"]
+    nb = nbformat.v4.new_notebook(cells=[gpu, shown])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    path, copy = tmp_path / "00_tags.ipynb", tmp_path / "copy.ipynb"
+    nbformat.write(nb, path)
+    execute_notebooks.execute(path, timeout=60, destination=copy)
+    ran = nbformat.read(copy, as_version=4)
+    assert ran.cells[0].source == "raise RuntimeError('needs CUDA')" and ran.cells[0].outputs == []
+    assert ran.cells[0].execution_count is None and ran.cells[0].metadata["tags"] == ["solution", "gpu"]
+    assert ran.cells[1].outputs[0]["text"] == "ran\n"

@@ -80,6 +80,87 @@ def test_a_random_target_run_leaves_non_finite_values_out(monkeypatch, capsys):
     assert shown == [{MIME: {"speedup": 1.5}}]
 
 
+# Each pair is (claim, values); the evaluator must agree with Python on every one. The values sit on the boundaries
+# of the comparisons and make every operand of and/or and every link of a chain decide the result once, so that
+# a comparison evaluated as its non-strict twin, a dropped link, "and" read as "or", a lost minus sign or a function
+# swapped for another gives a different truth value somewhere. (A mutation audit found each of these passing.)
+AGREES_WITH_PYTHON = [
+    *[(f"x {op} 1", {"x": x}) for op in ("<", "<=", ">", ">=", "==", "!=") for x in (0.5, 1.0, 1.5)],
+    ("0 < x < 1", {"x": 1.5}), ("0 < x < 1", {"x": 0.5}), ("2 > x > 1 > 0", {"x": 0.5}), ("0 < x < 1 < 2", {"x": 0.5}),
+    ("x > 1 and x < 2", {"x": 0.5}), ("x > 0 and x > 1", {"x": 0.5}), ("x > 0 and x < 1 and x > 0.7", {"x": 0.5}),
+    ("x > 1 or x < 0", {"x": 0.5}), ("x > 1 or x > 0", {"x": 0.5}), ("x > 0 or x > 1", {"x": 0.5}),
+    ("x > 1 and x < 2 or x < 0.7", {"x": 0.5}), ("x > 1 and (x < 2 or x < 0.7)", {"x": 0.5}),
+    ("not x < 1", {"x": 0.62}), ("not x > 1", {"x": 0.62}), ("not (x > 0 and x > 1)", {"x": 0.62}),
+    ("-x < 0", {"x": 0.62}), ("-x > -1", {"x": 0.62}), ("-(x - 1) > 0", {"x": 0.62}),
+    ("abs(x - 1) > 0.3", {"x": 0.62}), ("abs(1 - x) < 0.3", {"x": 0.62}),
+    ("min(x, y) == x", {"x": 0.62, "y": 2.0}), ("max(x, y) == x", {"x": 0.62, "y": 2.0}),
+    ("min(x, y, 0.1) < x", {"x": 0.62, "y": 2.0}),
+    ("round(x, 1) == 0.6", {"x": 0.62}), ("round(x) == 1", {"x": 0.62}), ("round(x) == 0", {"x": 0.62}),
+    ("x + y > 2.5", {"x": 0.62, "y": 2.0}), ("y - x > 1.3", {"x": 0.62, "y": 2.0}), ("x - y > 0", {"x": 0.62, "y": 2.0}),
+    ("x * y > 1.2", {"x": 0.62, "y": 2.0}), ("y / x > 3", {"x": 0.62, "y": 2.0}), ("x / y > 0.3", {"x": 0.62, "y": 2.0}),
+]
+
+
+@pytest.mark.parametrize("claim, values", AGREES_WITH_PYTHON, ids=[f"{c} {v}" for c, v in AGREES_WITH_PYTHON])
+def test_the_evaluator_agrees_with_python_on_every_supported_operator(claim, values):
+    """The checker is only as good as its evaluator: a claim it evaluates otherwise than Python would can pass next
+    to an output that contradicts it (``0 < speedup < 1`` true for 1.5 once a chain link is dropped)."""
+    python = bool(eval(claim, {"__builtins__": {}, "abs": abs, "min": min, "max": max, "round": round}, dict(values)))
+    assert evaluate(claim, values) is python
+
+
+def test_unsupported_operators_are_errors_not_silently_true():
+    """An operator the evaluator does not know must raise, not be skipped (``x is 2`` read as true) or read as
+    another (``+x`` as ``not x``); a string constant is no number (``x > 1 or 'todo'`` would hold); a function
+    called with keywords is refused rather than called without them."""
+    values = {"x": 0.62}
+    for claim in ("x is 2", "x is not 0.62", "x in 1", "+x > 0", "~x < 0", "'todo'", "x > 1 or 'todo'", "x ** 2 < 1",
+                  "x % 1 > 0.5", "round(x, ndigits=0) == 1", "x if x else 1", "speed.up > 1", "[x][0] > 1"):
+        with pytest.raises(ValueError, match="unsupported"):
+            evaluate(claim, values)
+
+
+def test_every_way_of_writing_a_check_is_read():
+    """The prose lint (``tests/prose_lint.py``) counts ``<!--check:...-->`` without spaces, and a check spread over
+    lines, as checks that cover their clause: the evaluator must read the same ones, or a claim the lint takes as
+    checked is never evaluated. Two checks in one cell are two claims."""
+    cell = ("Faster here <!--check: x < 1-->, slower there <!--   check:   x > 0   -->; one more <!-- check: (x < 2\n"
+            "   and x > 0.5) --> and the last.")
+    nb = fake_notebook({"x": 0.62})
+    nb["cells"][1]["source"] = cell.splitlines(keepends=True)
+    assert [expr for _, expr in claims(nb)] == ["x < 1", "x > 0", "(x < 2\n   and x > 0.5)"]
+    assert failed_checks(nb) == (3, [])  # a check spread over lines parses (inside parentheses)
+    from prose_lint import CHECK as LINT_CHECK
+
+    assert len(LINT_CHECK.findall(cell)) == 3
+
+
+def test_a_value_recorded_twice_keeps_the_last_one():
+    """As a re-run cell would: a later ``record`` of the same name replaces the earlier one (a notebook that
+    measures, changes a setting and measures again, checks its prose against the second number)."""
+    nb = {"cells": [
+        {"cell_type": "code", "source": [], "outputs": [{"output_type": "display_data", "data": {MIME: {"x": 0.5}}}]},
+        {"cell_type": "markdown", "source": ["Faster. <!-- check: x > 1 -->"]},
+        {"cell_type": "code", "source": [], "outputs": [
+            {"output_type": "stream", "name": "stdout", "text": "x\n"},
+            {"output_type": "display_data", "data": {MIME: {"x": 1.5, "y": 2.0}}}]},
+    ]}
+    assert recorded_values(nb) == {"x": 1.5, "y": 2.0}
+    assert failed_checks(nb) == (1, [])
+    nb["cells"][2]["outputs"][1]["data"][MIME]["x"] = 0.9
+    assert failed_checks(nb) == (1, ["cell 1: x > 1"])
+
+
+def test_a_cell_with_any_skipped_tag_is_skipped():
+    """``skipped`` looks at every tag of a cell, not its first: a GPU cell that is also a hidden solution does not
+    run on the CPU (in CI or for the committed outputs); tags that only change how a cell is shown skip nothing."""
+    from notebook_tags import NOT_RUN_ON_CPU, RUN_EVERYWHERE, skipped
+
+    assert skipped(["solution", "gpu"]) == {"gpu"} and skipped(("raises-exception", "hub", "colab")) == {"hub", "colab"}
+    assert skipped(sorted(RUN_EVERYWHERE)) == set() and skipped([]) == set()
+    assert NOT_RUN_ON_CPU == {"colab", "gpu", "hub"} and not NOT_RUN_ON_CPU & RUN_EVERYWHERE
+
+
 # --- every committed notebook ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)

@@ -21,7 +21,7 @@ try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10 (requires-python allows it): pytest itself depends on tomli there
     import tomli as tomllib
-from prose_lint import allow_list, is_allowed, lint, review, sentences, unchecked
+from prose_lint import Allowed, allow_list, is_allowed, lint, review, sentences, unchecked
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -95,6 +95,39 @@ def test_the_allow_list_is_read_with_its_reasons(tmp_path):
     path.write_text("07 | a sentence without a reason\n")
     with pytest.raises(ValueError, match="reason"):
         allow_list(path)
+
+
+def test_directions_hidden_by_a_capital_a_question_mark_or_a_heading_are_still_flagged():
+    """Negative controls for the lint's cutting: a comparison word starting a sentence ("Slower ..."), a
+    parenthesised aside with a question mark in a statement, lowercase numbered items (one check at the end of item
+    2 covers item 2 only), prose between two fenced code blocks, and a section whose heading merely starts like a
+    skipped one ("## Observations", "## Extra") are all read."""
+    assert flagged("Slower than the target alone here.") == ["Slower"]
+    assert flagged("The measured run is faster here (why? notebook 08 explains).") == ["faster"]
+    assert flagged("1. the measured run is faster\n2. the draft is cheap here <!-- check: c < 0.2 -->") == ["faster"]
+    assert flagged("```python\nx = 1\n```\nThe measured run is faster here.\n```python\ny = 2\n```") == ["faster"]
+    nb = notebook_of("## Observations\n\nThe measured run is faster here.\n\n## Extra\n\nThe run is slower here.")
+    assert [f.words for f in lint(nb, "99_x.ipynb")] == [("faster",), ("slower",)]
+
+
+def test_the_review_reports_unexplained_sentences_and_loose_entries(tmp_path):
+    """``review`` is what makes the committed-notebook test fail, and there every flag is allowed: here a flag that
+    no entry allows is reported, and so is an entry that matches two flagged sentences (it could wave through a
+    measured direction next to a conceptual one) or none (a stale entry). An entry with an empty piece (it matches
+    every sentence) or an empty reason is refused when read."""
+    nb = notebook_of("On this CPU the run is faster. The measured draft is slower.", "The run grows here.")
+    flags = lint(nb, "07_x.ipynb")
+    assert [f.words for f in flags] == [("faster",), ("slower",), ("grows",)]
+    exact, wide, stale = (Allowed("07", "the run is faster", "conceptual, say"), Allowed("07", "The", "too wide a piece"),
+                          Allowed("07", "no such sentence", "stale since a rewrite"))
+    assert review(flags, [exact]) == ([str(flags[1]), str(flags[2])], [])
+    unexplained, loose = review(flags, [exact, wide, stale])
+    assert unexplained == []
+    assert [entry.split("  (")[0] for entry in loose] == ["07 | The", "07 | no such sentence"]
+    for bad in ("07 |  | a reason of words", "07 | a piece | ", " | a piece | a reason of words"):
+        (tmp_path / "allowed.txt").write_text(bad + "\n")
+        with pytest.raises(ValueError, match="reason"):
+            allow_list(tmp_path / "allowed.txt")
 
 
 # --- negative controls: the sentences that contradicted their own outputs -------------------------------------
