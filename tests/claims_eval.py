@@ -42,8 +42,14 @@ def claims(notebook: Mapping) -> list[tuple[int, str]]:
 
 
 def evaluate(expression: str, values: Mapping[str, float]) -> bool:
-    """Evaluate one claim over the recorded values; unknown names and unsupported syntax raise ``ValueError``."""
-    tree = ast.parse(expression, mode="eval")
+    """Evaluate one claim over the recorded values; unknown names, unsupported syntax, a claim that is no Python
+    expression and a division by zero raise ``ValueError`` (so ``failed_checks`` counts each as a failed check and a
+    runner goes on to the next notebook instead of stopping at a traceback)."""
+    try:
+        tree = ast.parse(expression, mode="eval")
+    except SyntaxError as exc:  # IndentationError too: a check spread over lines without parentheses
+        raise ValueError(f"claim {expression!r} is not an expression ({exc.msg}); a check over several lines needs "
+                         "parentheses") from exc
     return bool(_eval(tree.body, values, expression))
 
 
@@ -74,6 +80,8 @@ def _eval(node, values, expression):
         return -operand if isinstance(node.op, ast.USub) else not operand
     if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.Div)):
         left, right = _eval(node.left, values, expression), _eval(node.right, values, expression)
+        if isinstance(node.op, ast.Div) and right == 0:
+            raise ValueError(f"claim {expression!r} divides by zero")
         return _ARITHMETIC[type(node.op)](left, right)
     if isinstance(node, ast.BoolOp):
         results = [_eval(v, values, expression) for v in node.values]

@@ -1,6 +1,7 @@
 """scripts/execute_notebooks.py: its arguments, its table, and that --scratch leaves the notebook it runs untouched."""
 
 import os
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -64,6 +65,13 @@ def test_a_run_passes_only_if_its_checks_hold(tmp_path, capsys):
     assert execute_notebooks.main([str(paths[0]), "--check-only"]) == 0
     assert execute_notebooks.main([str(p) for p in paths] + ["--check-only"]) == 1
     assert "01_flipped.ipynb" in capsys.readouterr().out
+    # a check that is no expression fails its notebook; the table still lists every notebook
+    broken = recorded_notebook({"speedup": 1.4}, "speedup >")
+    nbformat.write(broken, tmp_path / "02_broken.ipynb")
+    assert execute_notebooks.main([str(tmp_path / "02_broken.ipynb"), str(paths[0]), "--check-only"]) == 1
+    table = capsys.readouterr().out
+    assert re.search(r"02_broken\.ipynb .*FAIL: 1 of 1 checks: cell 1: speedup > \(claim", table), table
+    assert re.search(r"00_holds\.ipynb .*pass \(1 checks\)", table), table
     with pytest.raises(SystemExit):
         execute_notebooks.parse_args(["--check-only", "--scratch"])  # it runs nothing
 

@@ -120,6 +120,18 @@ def test_unsupported_operators_are_errors_not_silently_true():
             evaluate(claim, values)
 
 
+def test_a_check_that_is_no_expression_or_divides_by_zero_is_a_failed_check():
+    """A typo in a check (``x >``), a check over lines without parentheses (an IndentationError) and a division by a
+    recorded 0 raised out of ``failed_checks``: ``--check-only`` stopped at a traceback with no table for the other
+    notebooks. Each is now a failed check whose message names the fix; the checks beside it are still evaluated."""
+    nb = fake_notebook({"x": 0.62, "zero": 0.0}, "x >", "x / zero > 1", "x < 1")
+    nb["cells"][1]["source"].append(" <!-- check: x < 1\n  and x > 0 -->")
+    count, wrong = failed_checks(nb)
+    assert count == 4 and len(wrong) == 3, wrong
+    assert "is not an expression" in wrong[0] and "divides by zero" in wrong[1], wrong
+    assert "needs parentheses" in wrong[2], wrong
+
+
 def test_every_way_of_writing_a_check_is_read():
     """The prose lint (``tests/prose_lint.py``) counts ``<!--check:...-->`` without spaces, and a check spread over
     lines, as checks that cover their clause: the evaluator must read the same ones, or a claim the lint takes as
