@@ -387,3 +387,51 @@ def test_the_summary_header_counts_the_runs_and_keeps_the_seed(tiny_pair):
         assert f"=== summary (greedy, {says}) ===" in out.getvalue()
     args = build_parser().parse_args(["demo", "--sample", "--seed", "5"])
     assert demo.settings_from_args(args, io.StringIO()).seed == 5
+
+
+def test_main_returns_the_commands_exit_status_and_lets_a_numeric_exit_through(monkeypatch, capsys):
+    """``main`` returns what the command's ``main`` returned (not a blanket 0); a SystemExit with a number (not a
+    message) goes through untouched rather than becoming an ``error: 3`` line with status 2."""
+    monkeypatch.setattr(demo, "main", lambda args: 3)
+    assert main(["demo"]) == 3
+
+    def exits(args):
+        raise SystemExit(4)
+
+    monkeypatch.setattr(demo, "main", exits)
+    with pytest.raises(SystemExit) as info:
+        main(["demo"])
+    assert info.value.code == 4 and capsys.readouterr().err == ""
+
+
+def test_python_m_specdec_edu_exits_with_mains_status(monkeypatch):
+    """``python -m specdec_edu`` passes main's return value to sys.exit: a refusal must reach the shell as status 2,
+    not 0 (run in-process with runpy; the command is stubbed)."""
+    import runpy
+    import sys
+    import warnings
+
+    monkeypatch.setattr(demo, "main", lambda args: 2)
+    monkeypatch.setattr(sys, "argv", ["specdec_edu", "demo"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # specdec_edu.__main__ is already imported by this file
+        with pytest.raises(SystemExit) as info:
+            runpy.run_module("specdec_edu", run_name="__main__")
+    assert info.value.code == 2
+
+
+def test_the_package_exports_the_names_it_imports():
+    """``from specdec_edu import *`` (and the README's API) gives every public name the package imports, each the
+    object of its home module; ``__version__`` is pyproject's version."""
+    from pathlib import Path
+
+    import specdec_edu
+    from specdec_edu import theory, verify
+
+    public = {n for n, v in vars(specdec_edu).items() if not n.startswith("_") and not isinstance(v, types.ModuleType)}
+    assert set(specdec_edu.__all__) == public and len(specdec_edu.__all__) == len(public)
+    for name in ("accept_and_resample", "acceptance_probability", "residual_distribution"):
+        assert getattr(specdec_edu, name) is getattr(verify, name)
+    assert specdec_edu.output_distribution is theory.output_distribution
+    pyproject = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text(encoding="utf-8")
+    assert re.search(r'^version = "(.+)"$', pyproject, re.MULTILINE).group(1) == specdec_edu.__version__

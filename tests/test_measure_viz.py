@@ -403,3 +403,76 @@ def test_a_compiled_forward_gets_room_for_the_tokens_it_appends():
 
     model = tiny_llama(seed=0, max_positions=512)
     assert forward_seconds(model, 8, context_length=252, repeats=1, compile=True, compile_options={"backend": "eager"}) > 0
+
+
+def test_tokens_html_draws_the_asked_row_escaped_with_the_sources_it_uses():
+    """Row ``row`` of a batch: its tokens and its sources (row 0's were drawn for every row); the text is HTML-escaped
+    (a token "<b" would open a tag); the legend names only the sources that occur."""
+    result = types.SimpleNamespace(row=lambda i: torch.tensor([[0, 1], [2, 3]])[i],
+                                   token_sources=[["target", "target"], ["accepted", "corrected"]])
+
+    class Tok:
+        def decode(self, ids, skip_special_tokens=False):
+            return "".join({0: "x", 1: "y", 2: "<b", 3: "&"}[i] for i in ids)
+
+    html = tokens_html(Tok(), result, row=1)
+    assert [s.split('"')[0] for s in html.split('<span title="')[1:]] == ["accepted", "corrected"]
+    assert ">&lt;b</span>" in html and ">&amp;</span>" in html and "<b" not in html
+    assert "draft token accepted" in html and "correction after a rejection" in html and "target alone" not in html
+
+
+def test_token_pieces_keep_the_text_when_a_prefix_decodes_otherwise():
+    """A tokenizer that rewrites earlier text as more tokens come (clean-up of spaces): the piece is then the whole
+    new text, not lost."""
+    class Tok:
+        def decode(self, ids, skip_special_tokens=False):
+            return {1: "a ", 2: "a.", 3: "a.b"}[len(ids)]
+
+    assert token_pieces(Tok(), [7, 8, 9]) == ["a ", "a.", "b"]
+
+
+def test_plain_legend_marks_each_source_once():
+    assert legend(False) == ("legend: [draft token accepted] · {target's correction after a rejection} · "
+                             "<target's bonus token (all drafts accepted)> · unmarked: target alone (no draft)")
+
+
+def test_kv_crop_picture_prints_the_real_counts():
+    """The labels carry numbers a learner reads: each row's count of cached positions, the hidden context cells, what
+    the crop removed, γ and the accepted count (prompt 10, γ = 4, 1 accepted, 4 context cells drawn)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from specdec_edu.course.viz import draw_kv_crop, kv_crop_rows
+
+    fig = draw_kv_crop(10, 4, 1, max_context_cells=4)
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    for label in ("before verify: 9 cached", "after the verify forward: 14 cached", "after the crop: 11 cached",
+                  "3 positions removed:\n1 rejected, 2 never judged"):
+        assert label in texts, (label, texts)
+    assert texts.count("…6") == 3
+    assert fig.axes[0].get_title() == "The target's KV cache in one round: γ = 4, 1 accepted"
+    plt.close(fig)
+    fig = draw_kv_crop(3, 2, 1)
+    assert "1 position removed:\nthe rejected draft" in [t.get_text() for t in fig.axes[0].texts]
+    plt.close(fig)
+    with pytest.raises(ValueError, match="max_context_cells=0"):
+        draw_kv_crop(5, 2, 1, max_context_cells=0)
+    with pytest.raises(TypeError, match="gamma must be an int, got bool"):
+        kv_crop_rows(5, True, 1)
+
+
+def test_medusa_heads_guess_one_position_further_each():
+    """Head k of the diagram predicts x_{t+k+1}; the target's own head x_{t+1}."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from specdec_edu.course.viz import draw_feature_drafters
+
+    fig = draw_feature_drafters()
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert [t for t in texts if t.startswith("lm_head")] == [f"lm_head → $x_{{t+{k}}}$" for k in (1, 2, 3, 4)]
+    plt.close(fig)

@@ -168,3 +168,155 @@ def test_residual_explorer_shows_no_residual_when_q_equals_p():
     assert "residual: none (q = p" in summary, summary
     ex.figure()
     plt.close("all")
+
+
+# ---- what the widgets show: the numbers in the state, the one-line summary and the figure -------------------------
+def _bar_heights(container):
+    return [r.get_height() for r in container]
+
+
+def test_accept_rule_explorer_counts_fraction_summary_and_seed_agree():
+    """The accepted count, the share and the summary line all come from the same simulated flips (a count of n, or a
+    share copied from min(1, p/q), would still pass a ± window), and the generator is re-seeded at every redraw, as the
+    docstring promises: equal slider values give equal flips."""
+    ex = accept_rule_explorer(p_x=0.1, q_x=0.5, flips=200)
+    s = ex.state
+    assert (s["p"], s["q"], s["flips"]) == (0.1, 0.5, 200) and len(s["outcomes"]) == 200
+    assert set(np.unique(s["outcomes"])) <= {0, 1}
+    assert s["accepted"] == int(s["outcomes"].sum()) and 0 < s["accepted"] < 200
+    assert s["accepted_fraction"] == s["accepted"] / 200 != s["acceptance_probability"]
+    summary = ex.ui.children[-2].value
+    assert f"accepted {s['accepted']} of 200 simulated drafts ({s['accepted'] / 200:.3f})" in summary, summary
+    assert "min(1, p/q) = 0.200" in summary
+    first = s["outcomes"].copy()
+    ex.controls["q"].value = 0.3
+    assert ex.state["acceptance_probability"] == pytest.approx(1 / 3)
+    ex.controls["q"].value = 0.5
+    np.testing.assert_array_equal(ex.state["outcomes"], first)
+
+
+def test_accept_rule_explorer_figure_draws_the_state():
+    """The static figure (explorer.show_figure in notebook 03) draws the state's numbers: the bars are the accepted and
+    rejected counts, the markers n·a and n·(1 − a), the running share is cumsum(outcomes) / (1..n) and the dashed line
+    and the title give a = min(1, p/q)."""
+    import matplotlib.pyplot as plt
+
+    ex = accept_rule_explorer(p_x=0.1, q_x=0.5, flips=200)
+    s, n = ex.state, 200
+    fig = ex.figure()
+    ax1, ax2 = fig.axes
+    assert _bar_heights(ax1.containers[0]) == [s["accepted"], n - s["accepted"]]
+    np.testing.assert_allclose(ax1.lines[0].get_ydata(), [0.2 * n, 0.8 * n], rtol=1e-6)
+    assert "p(x) = 0.10, q(x) = 0.50" in ax1.get_title() and "min(1, p/q) = 0.200" in ax1.get_title()
+    running, limit = ax2.lines
+    np.testing.assert_allclose(running.get_xdata(), np.arange(1, n + 1))
+    np.testing.assert_allclose(running.get_ydata(), np.cumsum(s["outcomes"]) / np.arange(1, n + 1))
+    np.testing.assert_allclose(limit.get_ydata(), [0.2, 0.2], rtol=1e-6)
+    plt.close("all")
+    before = len(plt.get_fignums())
+    ex.show_figure()  # Agg: plt.show() draws nothing, the figure stays open
+    assert len(plt.get_fignums()) == before + 1
+    plt.close("all")
+
+
+def test_explorer_stays_live_after_set():
+    """``set`` pauses the callbacks while it sets several controls; after it, a slider moved alone redraws again."""
+    ex = accept_rule_explorer(p_x=0.8, q_x=0.6, flips=100)
+    ex.set(p=0.1, q=0.5)
+    assert ex.state["acceptance_probability"] == pytest.approx(0.2)
+    ex.controls["q"].value = 0.25
+    assert ex.state["acceptance_probability"] == pytest.approx(0.4)
+
+
+def test_residual_explorer_figure_and_summary_draw_the_state():
+    """Each bar series of the figure is the state's array of its label; the second panel stacks min(p, q) and
+    P(reject) × residual on it, which add up to p (the black marks); the titles and the summary line print P(reject),
+    the residual and max |output − p|. (Source example: min(p, q) = 0.2 / 0.1 / 0.3, residual 0.75 / 0 / 0.25.)"""
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
+    ex = residual_explorer(samples=500)
+    s = ex.state
+    np.testing.assert_allclose(s["min_pq"], [0.2, 0.1, 0.3], atol=1e-6)
+    fig = ex.figure()
+    ax1, ax2 = fig.axes
+    drawn = {c.get_label(): _bar_heights(c) for c in ax1.containers}
+    expected = {"q (draft)": s["q"], "p (target)": s["p"], "min(p, q)": s["min_pq"], "residual": s["residual"],
+                "output (exact)": s["output"], "output (500 simulated)": s["simulated"]}
+    assert drawn.keys() == expected.keys()
+    for label, values in expected.items():
+        np.testing.assert_allclose(drawn[label], values, atol=1e-12, err_msg=label)
+    assert ax1.get_title().startswith("P(reject) = 0.400; max |output − p| = ")
+    accepted, rejected = ax2.containers
+    np.testing.assert_allclose(_bar_heights(accepted), s["min_pq"], atol=1e-12)
+    np.testing.assert_allclose(_bar_heights(rejected), 0.4 * np.array([0.75, 0, 0.25]), atol=1e-6)
+    np.testing.assert_allclose([r.get_y() for r in rejected], s["min_pq"], atol=1e-12)
+    np.testing.assert_allclose([r.get_y() + r.get_height() for r in rejected], s["p"], atol=1e-6)
+    np.testing.assert_allclose(ax2.lines[0].get_ydata(), s["p"], atol=1e-12)
+    summary = ex.ui.children[-2].value
+    assert "P(reject) = 0.400" in summary and "residual: everyday 0.75, today 0.00, tomorrow 0.25" in summary, summary
+    plt.close("all")
+
+
+def test_residual_explorer_draws_what_output_distribution_returns(monkeypatch):
+    """The widget must show the computed output distribution, not p: with a broken rule in its place (resample from p
+    instead of the residual) the state, the bars, the title and the summary show output ≠ p (min(p, q) + 0.4·p =
+    0.40 / 0.14 / 0.46: max |output − p| = 0.1)."""
+    import matplotlib.pyplot as plt
+
+    from specdec_edu.course import widgets
+
+    monkeypatch.setattr(widgets, "output_distribution", lambda p, q: output_distribution(p, q, resample=p))
+    ex = residual_explorer(samples=100)
+    broken = torch.minimum(torch.tensor([0.5, 0.1, 0.4]), torch.tensor([0.2, 0.5, 0.3])) + 0.4 * torch.tensor([0.5, 0.1, 0.4])
+    np.testing.assert_allclose(ex.state["output"], broken.numpy(), atol=1e-6)
+    assert ex.state["max_abs_diff"] == pytest.approx(0.1, abs=1e-6)
+    assert "max |output − p| = 1.0e-01" in ex.ui.children[-2].value
+    ax1 = ex.figure().axes[0]
+    assert ax1.get_title().endswith("max |output − p| = 1.0e-01")
+    exact_bars = next(c for c in ax1.containers if c.get_label() == "output (exact)")
+    np.testing.assert_allclose(_bar_heights(exact_bars), broken.numpy(), atol=1e-6)
+    plt.close("all")
+
+
+def test_residual_explorer_simulation_follows_p():
+    """The simulated bars come from verification steps that draft from q and verify against p: their counts fit p, not
+    q (the source example, 2000 samples, seed 0)."""
+    ex = residual_explorer(samples=2000)
+    counts = ex.state["simulated"] * 2000
+    assert chisquare(counts, ex.state["p"] * 2000).pvalue > 1e-3
+    assert chisquare(counts, ex.state["q"] * 2000).pvalue < 1e-6
+
+
+def test_residual_explorer_keeps_one_entry_per_token_when_the_last_has_no_mass():
+    """p(tomorrow) = 0: no simulated step emits the last token, and the simulated counts must still have one entry
+    per token (a short bincount broke the figure)."""
+    import matplotlib.pyplot as plt
+
+    ex = residual_explorer(samples=200)
+    ex.controls["p[tomorrow]"].value = 0.0
+    assert ex.state["simulated"].shape == (3,) and ex.state["simulated"][2] == 0
+    np.testing.assert_allclose(ex.state["output"], ex.state["p"], atol=1e-12)
+    ex.figure()
+    plt.close("all")
+
+
+def test_residual_explorer_refuses_lengths_that_differ():
+    with pytest.raises(ValueError, match="same length"):
+        residual_explorer(tokens=("a", "b"), p=(0.5, 0.5), q=(0.2, 0.3, 0.5))
+
+
+def test_residual_explorer_with_no_q_mass_shows_the_message_not_stale_numbers():
+    """All-zero q weights: a message in the summary, in the readouts next to the sliders and in the figure, instead of a
+    crash, or of the numbers of the previous slider setting (the state still holds them)."""
+    import matplotlib.pyplot as plt
+
+    ex = residual_explorer(samples=100)
+    for t in ("everyday", "today", "tomorrow"):
+        ex.controls[f"q[{t}]"].value = 0.0
+    assert ex.state["error"] == "give p and q at least one positive weight each"
+    assert ex.ui.children[-2].value == "<b>give p and q at least one positive weight each</b>"
+    assert all(row.children[2].value == "→ p, q undefined" for row in ex.ui.children[:3])
+    fig = ex.figure()
+    assert not fig.axes[0].patches and [t.get_text() for t in fig.axes[0].texts] == [ex.state["error"]]
+    plt.close("all")
