@@ -308,7 +308,8 @@ def test_residual_explorer_refuses_lengths_that_differ():
 
 def test_residual_explorer_with_no_q_mass_shows_the_message_not_stale_numbers():
     """All-zero q weights: a message in the summary, in the readouts next to the sliders and in the figure, instead of a
-    crash, or of the numbers of the previous slider setting (the state still holds them)."""
+    crash, or of the numbers of the previous slider setting. The state forgets those numbers too (a cell that read
+    ``state["p"]`` got the last valid p beside the error), and gets them back with the weights."""
     import matplotlib.pyplot as plt
 
     ex = residual_explorer(samples=100)
@@ -320,3 +321,6 @@ def test_residual_explorer_with_no_q_mass_shows_the_message_not_stale_numbers():
     fig = ex.figure()
     assert not fig.axes[0].patches and [t.get_text() for t in fig.axes[0].texts] == [ex.state["error"]]
     plt.close("all")
+    assert set(ex.state) == {"tokens", "error"}, sorted(ex.state)
+    ex.controls["q[today]"].value = 0.5
+    assert ex.state["error"] is None and ex.state["q"].tolist() == [0.0, 1.0, 0.0]

@@ -241,7 +241,9 @@ def residual_explorer(
         pw = [controls[f"p[{t}]"].value for t in tokens]
         qw = [controls[f"q[{t}]"].value for t in tokens]
         if sum(pw) <= 0 or sum(qw) <= 0:
-            state.update(error="give p and q at least one positive weight each")
+            # forget the last valid numbers: a cell that reads state["p"] now gets a KeyError, not a stale p
+            state.clear()
+            state.update(tokens=tokens, error="give p and q at least one positive weight each")
             for readout in normalised.values():
                 readout.value = "→ p, q undefined"
             return
