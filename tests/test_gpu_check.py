@@ -104,6 +104,7 @@ def test_gpu_check_runs_at_tiny_size_on_every_path(gpu_check, tmp_path, capsys):
 def test_quick_runs_one_point(gpu_check):
     assert gpu_check.dial_points(4, quick=True) == [(0.2, 4)]
     assert gpu_check.dial_points(2, quick=False) == [(0.2, 2), (0.0, 2), (0.2, 4)]  # γ − 2 = 0 is left out
+    assert gpu_check.dial_points(3, quick=False) == [(0.2, 3), (0.0, 3), (0.2, 1), (0.2, 5)]  # γ − 2 = 1 is kept
     args = gpu_check.parse_args(["--quick", "--device", "cpu"])
     assert (args.max_new_tokens, args.repeats, args.bandwidth_mib) == (48, 1, 64)
 
@@ -301,3 +302,309 @@ def test_the_dial_replays_the_output_the_verify_pass_keeps(gpu_check, tmp_path, 
     monkeypatch.setattr(gpu_check, "settled_reference", lambda target, reference, *args, **kwargs: (reference, 1))
     with pytest.warns(UserWarning, match="left the reference at token 21"):  # 16 prompt tokens + new token 5
         gpu_check.main(args)
+
+
+# ---- the derived numbers from fake timings: what a mutant that saves a wrong number must change -----------------------
+# The end-to-end runs above check each row against its own saved numbers (one timed round, every output identical);
+# these call the script's functions with fakes whose timings differ round to round, so that a median taken from the
+# wrong list, a γ or reference from the wrong row, or a unit off by a factor changes what is saved.
+
+from types import SimpleNamespace  # noqa: E402
+
+
+def fake_result(new, **stats):
+    """A generation's result: ``row(0)`` gives ``new``, ``stats`` its counts and times."""
+    return SimpleNamespace(row=lambda i: new, stats=SimpleNamespace(**stats))
+
+
+def fake_divergence(target, prompt, reference, candidate):
+    """``first_divergence`` without a model: None where equal, else the first position that differs."""
+    if torch.equal(torch.as_tensor(reference), torch.as_tensor(candidate)):
+        return None
+    return {"position": int((torch.as_tensor(reference) != torch.as_tensor(candidate)).nonzero()[0, 0])}
+
+
+def test_read_bandwidth_counts_every_sum_and_every_byte_over_the_median(gpu_check, monkeypatch):
+    """bytes/s = buffer bytes × sums per timing / the median timing: the sums between two syncs are all counted (one
+    dropped divides the record by 10), a float32 buffer of ``n_bytes`` holds n_bytes / 4 elements of 4 bytes each."""
+    times, sums_done = iter([0.5, 0.1, 0.2]), []  # the median is 0.2, neither the first nor the last
+
+    def fake_timed(fn, device):
+        sums_done.append(len(fn()))
+        return None, next(times)
+
+    def fake_benchmark(fns, repeats, warmup, progress):
+        return {name: [fn() for _ in range(repeats)] for name, fn in fns.items()}
+
+    monkeypatch.setattr(gpu_check, "timed", fake_timed)
+    monkeypatch.setattr(gpu_check, "interleaved_benchmark", fake_benchmark)
+    read = gpu_check.read_bandwidth(torch.device("cpu"), 4096, torch.float32, sums=10, repeats=3)
+    assert sums_done == [10, 10, 10]
+    assert read == pytest.approx(4096 * 10 / 0.2)
+
+
+def test_target_only_row_takes_the_decode_step_and_the_medians(gpu_check, monkeypatch):
+    """The decode step is the median of verify seconds per round (prefill excluded: ``stats.seconds`` includes it; a
+    round is a target forward after the prefill, one fewer than the new tokens); seconds are the median over the
+    rounds, not the last; the effective bandwidth is weight bytes per step, as a fraction of the read bandwidth."""
+    monkeypatch.setattr(gpu_check, "parameter_bytes", lambda model: 8e6)
+    check = SimpleNamespace(target=None)
+    new = torch.arange(10)
+    runs = [(fake_result(new, verify_seconds=v, rounds=9, new_tokens=10, seconds=s, compiled=False), s)
+            for v, s in ((0.36, 0.9), (0.18, 0.5), (0.09, 0.3))]  # steps 40, 20, 10 ms; seconds: the median 0.5, last 0.3
+    row = gpu_check.target_only_row(check, "eager", runs, read_bytes_per_s=1e9)
+    assert row["step_ms"] == pytest.approx(20.0)
+    assert row["seconds"] == 0.5 and row["tok_s"] == pytest.approx(10 / 0.5) and row["new_tokens"] == 10
+    assert row["effective_GB_s"] == pytest.approx(8e6 / 0.020 / 1e9)
+    assert row["fraction_of_read_bandwidth"] == pytest.approx(8e6 / 0.020 / 1e9)
+    assert row["target"] == "eager" and row["weight_bytes"] == 8e6
+
+
+class FakeCheck:
+    """What ``speculative_row`` and ``decoding_rows`` use of a ``Check``, with a profiled run whose times depend on
+    the γ it was asked for (so that a row profiled at the wrong γ saves other numbers)."""
+    DIAL_SEED = 0
+
+    def __init__(self, gamma=4, n_new=10):
+        self.args = SimpleNamespace(gamma=gamma)
+        self.target, self.prompt, self.vocab, self.n_new = None, torch.zeros(1, 3, dtype=torch.long), 50, n_new
+        self.reference_new = torch.arange(n_new)
+        self.asked = []  # (dial, γ, mode, profile) of every speculative run
+
+    def target_kwargs(self, mode):
+        return {"compile": mode != "eager"}
+
+    def speculative(self, dial, gamma, mode, max_new_tokens=None, profile=False):
+        self.asked.append((dial, gamma, mode, profile))
+        return fake_result(dial.reference[3:], alpha=0.5, tau=2.0, compiled=False, dial=dial,
+                           draft_seconds_per_token=0.001 * gamma,
+                           phase_seconds={"draft": [0.004 * gamma] * 3, "verify_forward": [0.01, 0.03, 0.02 * gamma]})
+
+    def benchmark(self, fns):
+        return {name: [(fn(), s) for s in (0.3, 0.9, 0.2)] for name, fn in fns.items()}  # median 0.3, last 0.2
+
+
+def test_speculative_row_measures_its_own_gamma_and_compares_with_its_modes_reference(gpu_check, monkeypatch):
+    """A γ = 2 row (the default run adds γ ∓ 2) is profiled at γ = 2 and predicted at γ = 2, not at the main γ;
+    seconds and phase times are medians; c and the verify cost are over the base row's step (in seconds);
+    ``alpha_dial`` is the dial's α (1 − noise + noise/V), not 1 − noise; the output is compared with the reference
+    handed in (this mode's target-only output), and ``identical_to_target`` is false where it differs."""
+    monkeypatch.setattr(gpu_check, "first_divergence", fake_divergence)
+    check = FakeCheck(gamma=4)
+    check.reference_new = torch.arange(10) + 1  # the eager reference: another mode's, not this row's
+    dial = SimpleNamespace(alpha=0.8 + 0.2 / 50, reference=torch.cat([check.prompt[0], torch.arange(10)]))
+    new = torch.arange(10)
+    runs = [(fake_result(new, alpha=0.75, tau=2.5, compiled=False), s) for s in (0.4, 0.2, 0.1)]  # median 0.2, last 0.1
+    base = {"step_ms": 10.0, "seconds": 0.5, "new_tokens": 10}
+    row = gpu_check.speculative_row(check, "eager", "1x32", (0.2, 2), dial, runs, base, torch.arange(10))
+    assert check.asked == [(dial, 2, "eager", True)]  # the profiled run at the row's γ
+    assert row["gamma"] == 2 and row["noise"] == 0.2 and row["alpha_dial"] == pytest.approx(0.8 + 0.2 / 50)
+    assert row["seconds"] == 0.2 and row["speedup"] == pytest.approx((0.5 / 10) / (0.2 / 10))
+    assert row["alpha"] == 0.75 and row["tau"] == 2.5
+    assert row["draft_ms_per_token"] == pytest.approx(2.0) and row["c"] == pytest.approx(0.002 / 0.010)
+    assert row["round_ms"] == pytest.approx({"draft": 8.0, "verify_forward": 30.0})  # medians of the three rounds
+    assert row["verify_cost"] == pytest.approx(0.030 / 0.010)
+    predicted = expected_speedup(0.75, 2, 0.2, 3.0)
+    assert row["predicted_speedup"] == pytest.approx(predicted)
+    assert row["fraction_of_prediction"] == pytest.approx(row["speedup"] / predicted)
+    assert row["identical_to_target"] and row["divergence"] is None  # the reference handed in, not the eager one
+
+    other = torch.arange(10)
+    other[6] = 49
+    runs = [(fake_result(other, alpha=1.0, tau=3.0, compiled=True), s) for s in (0.4, 0.2, 0.1)]
+    row = gpu_check.speculative_row(check, "eager", "1x32", (0.0, 2), dial, runs, base, torch.arange(10))
+    assert row["divergence"] == {"position": 6} and row["identical_to_target"] is False
+    assert row["target"] == "compiled"  # the path the run took
+    assert row["predicted_speedup"] == pytest.approx(expected_speedup(0.999999, 2, 0.2, 3.0))  # α = 1: finite
+
+
+def test_decoding_rows_give_each_point_its_own_gamma_noise_runs_and_reference(gpu_check, monkeypatch):
+    """Every (draft, point) is timed at its own γ, with a dial at its own noise replaying the reference settled at
+    that point with the seed the timed runs use; each row is made from its own runs; in a compiled mode the dial and
+    the rows follow that mode's target-only output, and the base row says where it parts from the eager one."""
+    settled_calls, dials, rows_made = [], [], []
+    compiled_reference = torch.arange(10)
+    compiled_reference[4] = 33  # this mode's target-only output parts from the eager one at new token 4
+
+    def fake_autoregressive(target, prompt, max_new_tokens, **kw):
+        return fake_result(compiled_reference if kw.get("compile") else torch.arange(10), verify_seconds=0.09, rounds=9,
+                           new_tokens=max_new_tokens, seconds=0.1, compiled=bool(kw.get("compile")))
+
+    def fake_settled(target, reference, prompt_length, gamma, noise, seed, **kw):
+        settled_calls.append((gamma, noise, seed))
+        return reference.clone(), 1
+
+    class FakeDial:
+        def __init__(self, reference, noise, vocab, cost_model, compile):
+            self.reference, self.noise, self.alpha = reference, noise, 1 - noise + noise / vocab
+            dials.append(self)
+
+    def fake_row(check, mode, label, point, dial, runs, base, reference_new):
+        rows_made.append((label, point, dial, runs, reference_new))
+        return {"label": label, "point": point}
+
+    monkeypatch.setattr(gpu_check, "autoregressive_generate", fake_autoregressive)
+    monkeypatch.setattr(gpu_check, "settled_reference", fake_settled)
+    monkeypatch.setattr(gpu_check, "ReplayDrafter", FakeDial)
+    monkeypatch.setattr(gpu_check, "speculative_row", fake_row)
+    monkeypatch.setattr(gpu_check, "first_divergence", fake_divergence)
+    monkeypatch.setattr(gpu_check, "parameter_bytes", lambda model: 1e6)
+    check = FakeCheck(gamma=4)
+    check.DIAL_SEED = 7
+    points = gpu_check.dial_points(4, quick=False)
+    base, rows = gpu_check.decoding_rows(check, "compiled draft + target", {"a": "draft a"}, points, 1e9)
+    assert settled_calls == [(g, noise, 7) for noise, g in points]  # the seed check.speculative seeds its runs with
+    assert [(d.noise, torch.equal(d.reference[3:], compiled_reference)) for d in dials] == [(n, True) for n, _ in points]
+    timed = [(d.noise, g) for d, g, _, profile in check.asked if not profile]
+    assert timed == [(noise, g) for noise, g in points for _ in range(3)]  # each point at its own γ, 3 rounds
+    for _label, point, dial, runs, reference_new in rows_made:
+        assert dial.noise == point[0] and len(runs) == 3 and all(r.stats.dial is dial for r, _ in runs)  # its own runs
+        assert torch.equal(reference_new, compiled_reference)
+    assert [r["point"] for r in rows] == points
+    assert base["divergence_from_eager"] == {"position": 4} and base["target"] == "compiled"
+    assert [s["divergence_from_target_only"] for s in base["dial_reference"]] == [None] * len(points)
+
+
+def test_the_sections_before_decoding_save_what_their_measurements_give(gpu_check, tmp_path, monkeypatch):
+    """Sections 1–3 with fake measurements: the read bandwidth saved is that of the buffer measured (its bytes saved
+    beside it), latencies in ms, the memory floor = weight bytes / read bandwidth, c = the draft's one-token step
+    (its drafter's reduced head: role "draft") / the target's one-token step, and the verify cost of γ + 1 tokens;
+    the target is sharpened by --head-scale, as the JSON says."""
+    asked = {}
+
+    def fake_read(device, n_bytes, dtype):
+        asked["read_bytes"] = n_bytes
+        return 2e9
+
+    def fake_forward(model, n, context_length, repeats, role):
+        asked.setdefault("roles", []).append(role)
+        return 1e-3 * model.config.num_hidden_layers * (2 if role == "target" else 1)
+
+    def fake_verify(target, n, sweeps, context_length):
+        asked["verify_tokens"] = n
+        return 1.25
+
+    def stop(*args, **kwargs):
+        raise TimeoutError("stop before decoding")
+
+    monkeypatch.setattr(gpu_check, "read_bandwidth", fake_read)
+    monkeypatch.setattr(gpu_check, "latency_curve", lambda target, ns, **kw: {n: 0.004 + 0.001 * n for n in ns})
+    monkeypatch.setattr(gpu_check, "forward_seconds", fake_forward)
+    monkeypatch.setattr(gpu_check, "measured_verify_cost", fake_verify)
+    monkeypatch.setattr(gpu_check, "sharpen", lambda model, scale: asked.setdefault("sharpened", []).append(scale))
+    monkeypatch.setattr(gpu_check, "decoding_rows", stop)
+    path = tmp_path / "gpu.json"
+    with pytest.raises(TimeoutError):
+        gpu_check.main(TINY + ["--quick", "--gamma", "3", "--head-scale", "5", "--json", str(path)])
+    saved = json.loads(path.read_text())
+    assert asked["read_bytes"] == 4 * 2**20 == saved["read_bandwidth"]["buffer_bytes"]
+    assert saved["read_bandwidth"]["bytes_per_s"] == 2e9
+    assert saved["latency_ms"] == pytest.approx({"1": 5.0, "4": 8.0, "16": 20.0, "64": 68.0})
+    assert saved["memory_floor_ms"] == pytest.approx(1e3 * 4 * 106_816 / 2e9)
+    assert asked["roles"] == ["draft", "draft"]
+    assert saved["c_eager"] == pytest.approx({"1x32": 0.001 / 0.005, "3x32": 0.003 / 0.005})
+    assert asked["verify_tokens"] == 4 and saved["verify_cost_eager"] == 1.25
+    assert asked["sharpened"] == [5.0] and saved["head_scale"] == 5.0
+
+
+def test_the_hf_comparisons_ratios_and_sameness_come_from_the_right_runs(gpu_check, monkeypatch):
+    """tokens/s are n_new over the median seconds; ``identical_to_hf`` compares HF's tokens with ours (not with the
+    target's), each divergence is that method's own; the peers' ratios are ours over HF's, both of them."""
+    monkeypatch.setattr(gpu_check, "first_divergence", fake_divergence)
+    monkeypatch.setattr(gpu_check, "configure_hf_assistant", lambda draft, gamma: None)
+    target_tokens = torch.arange(8)
+    ours_tokens = target_tokens.clone()
+    ours_tokens[2] = 40
+    seconds = {"target": (0.4, 0.2, 0.1), "ours": (0.8, 0.5, 0.1), "hf": (1.0, 0.25, 0.3)}
+    outputs = {"target": target_tokens, "ours": fake_result(ours_tokens, alpha=0.625), "hf": target_tokens}
+    check = SimpleNamespace(target=None, prompt=torch.zeros(1, 3, dtype=torch.long),
+                            benchmark=lambda fns: {k: [(outputs[k], s) for s in seconds[k]] for k in fns})
+    same = gpu_check.hf_comparison(check, None, 4, 8)
+    assert (same["target_only_tok_s"], same["speculative_tok_s"], same["hf_assisted_tok_s"]) == pytest.approx(
+        (8 / 0.2, 8 / 0.5, 8 / 0.3))
+    assert same["ours_over_hf"] == pytest.approx(0.3 / 0.5) and same["alpha"] == 0.625
+    assert same["identical_to_hf"] is False
+    assert same["divergence"] == {"position": 2} and same["hf_divergence"] is None
+
+    peer_seconds = {"ours target-only": (0.1, 0.2, 0.3), "HF target-only": (0.5, 0.4, 0.1),
+                    "ours speculative": (0.05, 0.1, 0.9), "HF assisted": (0.3, 0.6, 0.2)}
+    check = SimpleNamespace(target=SimpleNamespace(), prompt=check.prompt, reference_new=torch.arange(20),
+                            benchmark=lambda fns: {k: [(torch.arange(8), s) for s in peer_seconds[k]] for k in fns})
+    peers = gpu_check.hf_peers(check, None, None, 4, 8, {"backend": "aot_eager"})
+    assert peers["tok_s"] == pytest.approx({"ours target-only": 40.0, "HF target-only": 20.0, "ours speculative": 80.0,
+                                            "HF assisted": 8 / 0.3})
+    assert peers["target_only_ours_over_hf"] == pytest.approx(2.0)
+    assert peers["speculative_ours_over_hf_assisted"] == pytest.approx(0.3 / 0.1)
+    assert all(d is None for d in peers["divergence"].values())  # compared with the first n_new reference tokens
+
+
+def test_compile_mode_and_bandwidth_buffer_defaults_follow_the_device(gpu_check, monkeypatch):
+    """On CUDA with inductor the mode is reduce-overhead (CUDA graphs) and the bandwidth buffer 1 GiB; on a CPU no mode
+    (CUDA graphs need CUDA) and 64 MiB. ``requested_device`` is stubbed: no GPU is needed to parse the arguments."""
+    monkeypatch.setattr(gpu_check, "requested_device", lambda device: None)
+    cuda = gpu_check.parse_args(["--device", "cuda"])
+    assert cuda.compile_options == {"backend": "inductor", "mode": "reduce-overhead"} and cuda.bandwidth_mib == 1024
+    cpu = gpu_check.parse_args(["--device", "cpu"])
+    assert cpu.compile_options == {"backend": "inductor"} and cpu.bandwidth_mib == 64
+    assert (cpu.max_new_tokens, cpu.repeats) == (96, 3)
+
+
+@pytest.mark.parametrize("backend, hf_backend, hf_mode", [("capture", "inductor", "reduce-overhead"),
+                                                          ("aot_eager", "aot_eager", None)])
+def test_the_peers_run_hf_on_the_compiled_path_it_has(gpu_check, monkeypatch, backend, hf_backend, hf_mode):
+    """Where ours records CUDA graphs without a compiler (``capture``), which HF cannot, HF's peer is its own compiled
+    path with CUDA graphs (inductor, reduce-overhead), not inductor without graphs; otherwise HF gets our backend and
+    mode. Both of ours run compiled with our options, the assisted peer with the draft model."""
+    asked = []
+    monkeypatch.setattr(gpu_check, "configure_hf_assistant", lambda draft, gamma: None)
+    monkeypatch.setattr(gpu_check, "first_divergence", fake_divergence)
+    for name in ("autoregressive_generate", "speculative_generate"):
+        monkeypatch.setattr(gpu_check, name, lambda *args, name=name, **kw: asked.append((name, kw)) or
+                            fake_result(torch.arange(4)))
+
+    def hf_generate(n_new, **kw):
+        asked.append(("hf", kw))
+        return torch.arange(4)
+
+    check = SimpleNamespace(target=SimpleNamespace(), prompt=torch.zeros(1, 3, dtype=torch.long),
+                            reference_new=torch.arange(8), hf_generate=hf_generate,
+                            benchmark=lambda fns: {k: [(fn(), 0.1)] for k, fn in fns.items()})
+    options = {"backend": backend}
+    gpu_check.hf_peers(check, "drafter", "draft model", 4, 4, options)
+    (ours_ar, ours_kw), (hf_static, static_kw), (ours_sd, sd_kw), (hf_assisted, assisted_kw) = asked
+    assert ours_kw["compile"] and ours_kw["compile_options"] is options and sd_kw["compile_options"] is options
+    assert static_kw["cache_implementation"] == "static"
+    config = static_kw["compile_config"]
+    assert (config.backend, config.mode) == (hf_backend, hf_mode)
+    assert assisted_kw == {"assistant_model": "draft model"}
+
+
+def test_the_hf_sections_get_the_main_draft_and_the_runs_gamma(gpu_check, tmp_path, monkeypatch):
+    """The eager HF comparison and the compiled peers measure the main draft (the first of the size's, the one their
+    lines name) at the run's γ, the peers with its compiled drafter beside the bare model. Decoding is stubbed (no
+    compiling): only what main hands the two sections is checked."""
+    asked = {}
+
+    def fake_comparison(check, draft, gamma, n_new):
+        asked["same_draft"] = (draft, gamma, n_new)
+        return {"alpha": 0.0, "target_only_tok_s": 1.0, "speculative_tok_s": 1.0, "hf_assisted_tok_s": 1.0,
+                "ours_over_hf": 1.0, "identical_to_hf": True, "divergence": None, "hf_divergence": None}
+
+    def fake_peers(check, drafter, draft, gamma, n_new, compile_options):
+        asked["peers"] = (drafter, draft, gamma, n_new)
+        names = ("ours target-only", "HF target-only", "ours speculative", "HF assisted")
+        return {"tok_s": dict.fromkeys(names, 1.0), "target_only_ours_over_hf": 1.0,
+                "speculative_ours_over_hf_assisted": 1.0, "divergence": {}}
+
+    monkeypatch.setattr(gpu_check, "compiled_or_eager", lambda make, fallback, label: SimpleNamespace(static=label))
+    monkeypatch.setattr(gpu_check, "decoding_rows", lambda *args: ({}, []))
+    monkeypatch.setattr(gpu_check, "print_decoding", lambda base, rows: None)
+    monkeypatch.setattr(gpu_check, "hf_comparison", fake_comparison)
+    monkeypatch.setattr(gpu_check, "hf_peers", fake_peers)
+    out = gpu_check.main(TINY + ["--quick", "--gamma", "3", "--compile", "--compile-backend", "aot_eager",
+                                 "--json", str(tmp_path / "g.json")])
+    draft, gamma, n_new = asked["same_draft"]
+    assert draft.config.num_hidden_layers == 1 and (gamma, n_new) == (3, 15)  # the 1x32 draft, not the 3x32 one
+    drafter, draft, gamma, n_new = asked["peers"]
+    assert drafter.static == "draft 1x32" and draft.config.num_hidden_layers == 1 and (gamma, n_new) == (3, 15)
+    assert out["compile"]["drafts_compiled"] == {"1x32": True, "3x32": True}
