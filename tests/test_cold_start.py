@@ -86,7 +86,8 @@ class FakeClock:
 def test_the_child_derives_each_part_from_its_clock_and_the_generations_stats(monkeypatch):
     """import, build and compile are the clock's laps; the first token is what ran before the generation's clock
     (the lap less ``stats.seconds``), the prefill and round 1 of each phase (not the last round); total runs from
-    the parent's spawn time; the step is (seconds − prefill) / STEPS of a STEPS + 1 token target-only run; a
+    the parent's spawn time to that first token (it ran to the end of the generation, the later rounds included,
+    as the mutation audit found); the step is (seconds − prefill) / STEPS of a STEPS + 1 token target-only run; a
     compiled path makes caches of prompt + γ + 1 + γ positions; ``compiled`` is what the run reports (a
     compiler failure falls back to eager), not what was asked."""
     import specdec_edu
@@ -119,7 +120,9 @@ def test_the_child_derives_each_part_from_its_clock_and_the_generations_stats(mo
     seconds = row["seconds"]
     assert (seconds["import"], seconds["build"], seconds["compile"]) == (2.0, 3.0, 4.0)
     assert seconds["first_token"] == pytest.approx((1.5 - 0.5) + 0.1 + 0.02 + 0.03)
-    assert seconds["total"] == 10.0
+    # spawned at 990.0, 1000.0 when the generation returned: 10 s, less what ran after the first token (the later
+    # rounds: the lap's 1.5 s less the first token's 1.15 s)
+    assert seconds["total"] == pytest.approx(10.0 - (1.5 - seconds["first_token"])) == pytest.approx(9.65)
     assert row["target_step_ms"] == pytest.approx(1000 * (0.4 - 0.08) / cold_start.STEPS)
     assert asked["speculative"] == (cold_start.GAMMA + 1, cold_start.GAMMA, True, True)
     assert asked["autoregressive"] == cold_start.STEPS + 1
