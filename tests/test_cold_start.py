@@ -10,6 +10,15 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "cold_start.py"
 
 
+def load_cold_start():
+    """The script as a module (scripts/ is no package), for the tests that call its functions."""
+    if str(SCRIPT.parent) not in sys.path:
+        sys.path.insert(0, str(SCRIPT.parent))
+    import cold_start
+
+    return cold_start
+
+
 def test_the_tiny_smoke_reports_every_part_cold_and_warm(tmp_path):
     out = tmp_path / "cold.json"
     done = subprocess.run([sys.executable, str(SCRIPT), "--tiny", "--paths", "eager", "--cpus", "all", "--json", str(out)],
@@ -39,9 +48,7 @@ def test_two_cpus_are_labelled_a_colab_proxy_and_an_unknown_path_is_an_error():
 def test_a_run_cut_by_its_time_limit_keeps_the_rows_it_measured(tmp_path, monkeypatch):
     """The GPU stage runs the script under `timeout`: the JSON (with its date and command) is on disk before the first
     process and rewritten after every row, so a cut run keeps what it measured (it was written only at the end)."""
-    sys.path.insert(0, str(SCRIPT.parent))
-    import cold_start
-
+    cold_start = load_cold_start()
     out, calls = tmp_path / "cold.json", []
 
     def one_row_then_cut(args, path, cpus, cache_dir):
@@ -60,13 +67,6 @@ def test_a_run_cut_by_its_time_limit_keeps_the_rows_it_measured(tmp_path, monkey
 
 # ---- the numbers a row saves, from fake clocks and fake generations (fast: no process, no timing measured) -----------
 from types import SimpleNamespace  # noqa: E402
-
-
-def load_cold_start():
-    sys.path.insert(0, str(SCRIPT.parent))
-    import cold_start
-
-    return cold_start
 
 
 class FakeClock:
