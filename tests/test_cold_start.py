@@ -36,9 +36,7 @@ def test_the_tiny_smoke_reports_every_part_cold_and_warm(tmp_path):
 
 
 def test_two_cpus_are_labelled_a_colab_proxy_and_an_unknown_path_is_an_error():
-    sys.path.insert(0, str(SCRIPT.parent))
-    import cold_start
-
+    cold_start = load_cold_start()
     row = {"path": "default", "cache": "cold", "cpus": "0,1", "error": "boom"}
     assert "proxy for Colab's 2 vCPUs" in cold_start.format_row(row) and "FAILED: boom" in cold_start.format_row(row)
     done = subprocess.run([sys.executable, str(SCRIPT), "--paths", "fast"], capture_output=True, text=True, timeout=120)

@@ -21,13 +21,14 @@ from specdec_edu.commands.gpu_report import (
 )
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+# the report at the tiny pair's size: one short prompt, one repeat, a 1 MiB bandwidth buffer
+TINY = ReportSettings(max_new_tokens=8, repeats=1, prompts=("Hi there.",), bandwidth_bytes=2**20)
 
 
 def test_the_report_runs_on_a_tiny_pair_and_prints_every_number(tiny_pair, char_tokenizer, monkeypatch):
     monkeypatch.delenv("SPECDEC_EDU_DTYPE", raising=False)
     out = io.StringIO()
-    settings = ReportSettings(max_new_tokens=8, repeats=1, prompts=("Hi there.",), bandwidth_bytes=2**20)
-    numbers = run_report(*tiny_pair, char_tokenizer, settings, out, pair="tiny", load_seconds=0.0)
+    numbers = run_report(*tiny_pair, char_tokenizer, TINY, out, pair="tiny", load_seconds=0.0)
     text = out.getvalue()
     for line_start in ("device: cpu", "dtype:  fp32", "path:   eager", "cold start in this process",
                        "memory floor of a target step", "the pair's own draft", "dial drafter at α = 0.8"):
@@ -59,8 +60,7 @@ def test_the_dial_replays_what_the_verify_pass_keeps(tiny_pair, char_tokenizer, 
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("error", message=".*left the reference")
-            numbers = run_report(*tiny_pair, char_tokenizer, ReportSettings(max_new_tokens=8, repeats=1, prompts=(
-                "Hi there.",), bandwidth_bytes=2**20), out, pair="tiny", load_seconds=0.0)
+            numbers = run_report(*tiny_pair, char_tokenizer, TINY, out, pair="tiny", load_seconds=0.0)
     finally:
         handle.remove()
     assert numbers["dial_reference_replays"] >= 2
@@ -148,8 +148,7 @@ def _report(tiny_pair, char_tokenizer, monkeypatch, backend) -> tuple[dict, str]
     defaults = kv.full_compile_options
     monkeypatch.setattr(kv, "full_compile_options", lambda device, options: {**defaults(device, options), "backend": backend})
     out = io.StringIO()
-    settings = ReportSettings(max_new_tokens=8, repeats=1, prompts=("Hi there.",), bandwidth_bytes=2**20)
-    return run_report(*tiny_pair, char_tokenizer, settings, out, pair="tiny", load_seconds=0.0), out.getvalue()
+    return run_report(*tiny_pair, char_tokenizer, TINY, out, pair="tiny", load_seconds=0.0), out.getvalue()
 
 
 def test_the_report_names_the_path_the_runs_took_when_compiling_fails(tiny_pair, char_tokenizer, monkeypatch):
@@ -254,8 +253,7 @@ def test_both_verdict_lines_weigh_the_measured_speedup(tiny_pair, char_tokenizer
     printed (the dial's speedup is the dial's, not the own draft's)."""
     monkeypatch.delenv("SPECDEC_EDU_DTYPE", raising=False)
     out = io.StringIO()
-    settings = ReportSettings(max_new_tokens=8, repeats=1, prompts=("Hi there.",), bandwidth_bytes=2**20)
-    numbers = run_report(*tiny_pair, char_tokenizer, settings, out, pair="tiny", load_seconds=0.0)
+    numbers = run_report(*tiny_pair, char_tokenizer, TINY, out, pair="tiny", load_seconds=0.0)
     lines = out.getvalue().splitlines()
     verdicts = [line for line in lines if line.startswith("  At α")]
     own = next(line for line in lines if line.startswith("the pair's own draft"))
@@ -285,8 +283,7 @@ def test_the_report_prints_the_speedup_and_alpha_in_their_places(tiny_pair, char
     monkeypatch.delenv("SPECDEC_EDU_COMPILE", raising=False)
     monkeypatch.setattr(gpu_report, "_median_speedup", lambda *a, **kw: (2.5, 0.6, {"identical": True}))
     out = io.StringIO()
-    settings = ReportSettings(max_new_tokens=8, repeats=1, prompts=("Hi there.",), bandwidth_bytes=2**20)
-    numbers = run_report(*tiny_pair, char_tokenizer, settings, out, pair="tiny", load_seconds=0.0)
+    numbers = run_report(*tiny_pair, char_tokenizer, TINY, out, pair="tiny", load_seconds=0.0)
     assert "measured 2.50× (median), α = 0.60" in out.getvalue()
     assert (numbers["speedup_own"], numbers["alpha_own"]) == (2.5, 0.6)
     assert "path:   eager;" in out.getvalue() and "compiling failed" not in out.getvalue()
