@@ -176,3 +176,341 @@ def test_the_wheels_for_the_gpu_machine_are_pinned():
     asked = re.search(r"^PACKAGES=\(([^)]*)\)", script, re.M).group(1).split()
     assert asked and all(name in pins for name in asked), (asked, sorted(pins))
     assert {"ipython", "jupyter-client", "pyzmq", "tornado", "traitlets"} <= set(pins)  # the kernel's own stack
+
+
+def fake_tools(tmp_path, cut="", cut_rc=124):
+    """A PATH whose `timeout`, `pkill` and `nvidia-smi` are stand-ins: `timeout` writes its arguments to tools.log and
+    runs the step with no limit, or, for a step whose command matches the glob ``cut``, exits ``cut_rc`` after it as a
+    real `timeout` does when it cuts one (no test waits for a limit); `pkill` only writes its arguments (it must never
+    reach the kernels of this machine); `nvidia-smi` names a GPU."""
+    bin_, log = tmp_path / "bin", tmp_path / "tools.log"
+    bin_.mkdir(exist_ok=True)
+    tools = {
+        "timeout": f'''#!/usr/bin/env bash
+echo "timeout $*" >> "{log}"
+while [[ $1 == -* ]]; do [[ $1 == -k ]] && shift; shift; done
+shift
+"$@"; rc=$?
+cut='{cut}'
+[[ -n $cut && "$*" == $cut ]] && exit {cut_rc}
+exit $rc
+''',
+        "pkill": f'#!/usr/bin/env bash\necho "pkill $*" >> "{log}"\nexit 1\n',  # 1: no process matched
+        "nvidia-smi": '#!/usr/bin/env bash\necho "NVIDIA H100 80GB HBM3, 550.54.15, 81559 MiB"\n',
+    }
+    for name, text in tools.items():
+        (bin_ / name).write_text(text)
+        (bin_ / name).chmod(0o755)
+    return f"{bin_}{os.pathsep}{os.environ['PATH']}"
+
+
+def test_every_step_runs_under_timeout_k_10_with_its_cap_cut_to_what_is_left_of_the_budget(tmp_path):
+    """Each step runs under `timeout -k 10 LIMIT` (one that ignores SIGTERM is killed 10 s later, still inside the
+    call); LIMIT is the step's cap (60, 90, 150 and 400 s; 590 s for 7b, under the tool's 600 s) cut to what is left of
+    BUDGET counted from the script's start, and never under 5 s. A fake `timeout` records the limits, so no step waits
+    for one; bash takes SECONDS from the environment, so SECONDS=40 rehearses a stage 40 s into its call."""
+    log = tmp_path / "tools.log"
+
+    def limits(stage, **env):
+        log.unlink(missing_ok=True)
+        done = run(stage, OUT=str(tmp_path / "out"), PYTHON=fake_python(tmp_path), PATH=fake_tools(tmp_path),
+                   FP16_NEEDS="-100", COLD_NEEDS="-100", **env)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        calls = log.read_text().splitlines()
+        found = [int(m.group(1)) for m in map(re.compile(r"timeout -k 10 (-?\d+) ").match, calls) if m]
+        assert len(found) == len(calls), calls  # every step has its -k 10
+        return found
+
+    assert limits("smoke", BUDGET="1000") == [60, 90, 150, 400]
+    assert limits("7b", BUDGET="1000") == [590]
+    dtype, *rest = limits("smoke", BUDGET="110", SECONDS="40")  # 70 s left (69 or 68 if a second ticks)
+    assert dtype == 60 and len(rest) == 3 and all(67 <= t <= 70 for t in rest), rest
+    assert limits("7b", BUDGET="0") == [5] and limits("smoke", BUDGET="3", SECONDS="40") == [5, 5, 5, 5]
+
+
+def test_the_notebooks_get_their_deadline_settings_and_names_and_a_backstop_20_s_after_it(tmp_path):
+    """execute_notebooks.py gets --deadline (DEADLINE, or what is left of BUDGET less 40 s, and in `all` less
+    FP16_NEEDS too), --jobs JOBS, --timeout CELL_TIMEOUT and the notebooks named after the stage; its outer `timeout`
+    (a backstop) is 20 s after the deadline, with -k 10."""
+    py = fake_python(tmp_path, '  *execute_notebooks.py*) echo "notebooks given: $*" ;;')
+    for args, env, deadlines in (
+            (("notebooks", "notebooks/00_a.ipynb", "notebooks/01_b.ipynb"),
+             dict(DEADLINE="100", JOBS="2", CELL_TIMEOUT="30"), (100,)),
+            (("all", "notebooks/00_a.ipynb", "notebooks/01_b.ipynb"),
+             dict(BUDGET="300", FP16_NEEDS="100", COLD_NEEDS="7", JOBS="2", CELL_TIMEOUT="30"), (158, 159, 160))):
+        out = tmp_path / args[0]
+        (tmp_path / "tools.log").unlink(missing_ok=True)
+        done = run(*args, OUT=str(out), PYTHON=py, PATH=fake_tools(tmp_path), **env)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        given = (out / "notebooks.txt").read_text()
+        deadline = int(re.search(r"--deadline (-?\d+) ", given).group(1))
+        assert deadline in deadlines, (args[0], given)
+        assert "--jobs 2 " in given and "--timeout 30 " in given and given.rstrip().endswith(
+            "--out /tmp/executed notebooks/00_a.ipynb notebooks/01_b.ipynb"), given
+        backstop = [line for line in (tmp_path / "tools.log").read_text().splitlines() if "execute_notebooks.py" in line]
+        assert backstop and backstop[0].startswith(f"timeout -k 10 {deadline + 20} "), backstop
+
+
+@pytest.mark.parametrize("stage, cut, step, rc", [
+    ("smoke", "*default_dtype*", "smoke 1 (dtype rule)", 124),
+    ("smoke", "*python - cuda", "smoke 2 (compile failure)", 137),
+    ("smoke", "*gpu-report*", "smoke 3 (fp16 gpu-report)", 124),
+    ("smoke", "*cold_start.py*", "smoke 4 (cold start)", 137),
+    ("7b", "*gpu_check.py*", "7b (scripts/gpu_check.py)", 137),
+])
+def test_a_step_cut_by_its_timeout_is_exit_3_the_next_steps_run_and_the_provenance_keeps_its_head(tmp_path, stage,
+                                                                                                    cut, step, rc):
+    """Every step's cut (its `timeout`'s 124, or 137 after -k 10) is exit 3, never 124 or 137 passed out, with a
+    "cut:" line appended to the provenance, whose head (date, commit) stays; smoke's later steps still run. A fake
+    `timeout` exits as a real one would, at once (the slow test above waits for real limits on two steps)."""
+    out = tmp_path / "out"
+    done = run(stage, OUT=str(out), PYTHON=fake_python(tmp_path), PATH=fake_tools(tmp_path, cut, rc), BUDGET="1000",
+               FP16_NEEDS="0", COLD_NEEDS="0", GIT_COMMIT="abc1234")
+    assert done.returncode == 3, done.stdout[-2000:] + done.stderr[-2000:]
+    provenance = (out / "provenance.txt").read_text()
+    assert provenance.startswith("date: 20") and "commit: abc1234" in provenance, provenance
+    assert re.search(rf"^cut: {re.escape(step)} (ran out|was killed .* after) its limit of \d+ s", provenance, re.M)
+    assert provenance.count("cut: ") == 1 and provenance.rstrip().splitlines()[-1].startswith(f"stage {stage}: exit 3")
+    if stage == "smoke":
+        assert "fake python: scripts/cold_start.py" in (out / "cold_start.txt").read_text()
+
+
+@pytest.mark.parametrize("failing, code", [("*default_dtype*", 5), ('"- cuda"', 6), ("*gpu-report*", 7)])
+def test_a_failed_step_is_the_stages_exit_status_and_the_steps_after_it_still_run(tmp_path, failing, code):
+    """A step that fails gives the stage its own exit status (not 0, not 1, not an abort before the end line), and
+    smoke's later steps still run: a failure must never read as a pass, nor cost the steps after it."""
+    out = tmp_path / "out"
+    py = fake_python(tmp_path, f"  {failing}) echo failing; exit {code} ;;")
+    done = run("smoke", OUT=str(out), PYTHON=py, PATH=fake_tools(tmp_path), BUDGET="1000", FP16_NEEDS="0",
+               COLD_NEEDS="0")
+    assert done.returncode == code, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "fake python: scripts/cold_start.py" in (out / "cold_start.txt").read_text()
+    assert f"stage smoke: exit {code}" in (out / "provenance.txt").read_text()
+
+
+def test_failed_or_backstopped_notebooks_are_not_a_pass_and_come_back_as_one_archive_of_this_call(tmp_path):
+    """The executed notebooks come back as one notebooks.tgz (the tool returns 8 files) holding this call's copies
+    only, whether they passed or not. A failed notebook is the stage's failure (its exit status), not a pass; a backstop
+    cut (124, or 137 after -k 10) is exit 3, and its kernels are stopped (`pkill`, faked here) even when none is left."""
+    cases = '''  *execute_notebooks.py*) while (( $# )); do [[ $1 == --out ]] && o=$2; shift; done
+    echo '{}' > "$o/00_a.ipynb"; echo "one failed"; exit 1 ;;'''
+    py = fake_python(tmp_path, cases)
+    for cut_rc, code in ((None, 1), (124, 3), (137, 3)):
+        out, log = tmp_path / f"out{cut_rc}", tmp_path / "tools.log"
+        log.unlink(missing_ok=True)
+        Path("/tmp/executed").mkdir(exist_ok=True)
+        Path("/tmp/executed/stale_from_an_earlier_call.ipynb").write_text("{}")
+        path = fake_tools(tmp_path, "*execute_notebooks.py*" if cut_rc else "", cut_rc or 0)
+        done = run("notebooks", OUT=str(out), PYTHON=py, PATH=path, DEADLINE="100")
+        assert done.returncode == code, done.stdout[-2000:] + done.stderr[-2000:]
+        listing = subprocess.run(["tar", "-tzf", str(out / "notebooks.tgz")], capture_output=True, text=True, check=True)
+        assert sorted(listing.stdout.split()) == ["executed/", "executed/00_a.ipynb"], listing.stdout
+        provenance = (out / "provenance.txt").read_text()
+        assert f"stage notebooks: exit {code}" in provenance
+        assert ("pkill -f ipykernel_launcher" in log.read_text()) == bool(cut_rc)
+        if cut_rc:
+            assert "cut: notebooks (the backstop)" in provenance and "its limit of 120 s" in provenance, provenance
+
+
+def test_no_jupyter_stack_is_exit_2_and_runs_no_notebook(tmp_path):
+    """Without nbclient, ipykernel or ipywidgets (the GPU image has none; .whl was not carried) the notebooks stage
+    says what to do and exits 2, instead of running notebooks that cannot start or passing with none run."""
+    out = tmp_path / "out"
+    py = fake_python(tmp_path, """  *ipywidgets*) exit 1 ;;
+  *execute_notebooks.py*) echo 'notebooks ran' ;;""")
+    done = run("notebooks", OUT=str(out), PYTHON=py, PATH=fake_tools(tmp_path))
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    said = (out / "notebooks.txt").read_text()
+    assert said.startswith("no Jupyter stack here: run 'bash scripts/gpu_wheels.sh'") and "notebooks ran" not in said
+    assert "stage notebooks: exit 2" in (out / "provenance.txt").read_text()
+
+
+def test_the_carried_wheels_go_on_pythonpath_and_a_failed_install_costs_no_stage(tmp_path):
+    """What .whl/ holds is installed with pip --no-index --no-deps into /tmp/site, which goes first on PYTHONPATH for
+    every step; a failed install (wheels for another Python) warns and the stage runs on (it may need none of them).
+    The script runs from a copy of the tree that holds a .whl/, with pip faked."""
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True)
+    (repo / ".whl").mkdir()
+    shutil.copy(SCRIPT, repo / "scripts" / "gpu_course_checks.sh")
+    (repo / ".whl" / "nbclient-0.11.0-py3-none-any.whl").write_text("")
+    for installs in (True, False):
+        out = tmp_path / f"out{installs}"
+        py = fake_python(tmp_path, f'''  *"pip install"*) echo "$*" > "{tmp_path}/pip.txt"; exit {0 if installs else 1} ;;
+  *"import torch, transformers"*) echo "versions PYTHONPATH=${{PYTHONPATH:-}}" ;;''')
+        done = subprocess.run(["bash", "scripts/gpu_course_checks.sh", "cold"], cwd=repo, capture_output=True,
+                              text=True, timeout=60, env={**os.environ, "PYTHON": py, "OUT": str(out),
+                                                          "PATH": fake_tools(tmp_path), "PYTHONPATH": "/x",
+                                                          "COLD_NEEDS": "1000"})
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        pip = (tmp_path / "pip.txt").read_text()
+        assert "--no-index --no-deps " in pip and "--target /tmp/site .whl/nbclient-0.11.0-py3-none-any.whl" in pip
+        seen = "/tmp/site:/x" if installs else "/x"
+        assert (out / "versions.txt").read_text() == f"versions PYTHONPATH={seen}\n"
+        assert ("did not install" in done.stderr) != installs
+        assert "skipped" in (out / "cold_start.txt").read_text()
+        assert "stage cold: exit 0" in (out / "provenance.txt").read_text()
+
+
+def test_the_provenance_names_the_run_and_every_step_runs_offline_on_the_random_target_to_its_files(tmp_path,
+                                                                                                        monkeypatch):
+    """The provenance holds the date, the command, the commit, the settings (BUDGET 580 by default), the
+    SPECDEC_EDU_ variables, the GPU and the versions (also versions.txt); each step sees no internet (HF_HUB_OFFLINE,
+    TRANSFORMERS_OFFLINE), the random target and, for the fp16 report, SPECDEC_EDU_DTYPE=fp16, and writes its JSON
+    under $OUT with the name the results are committed by. FP16_NEEDS and COLD_NEEDS each gate their own step."""
+    for name in ("BUDGET", "DEADLINE", "JOBS", "CELL_TIMEOUT", "DEVICE", "SIZE", "FP16_NEEDS", "COLD_NEEDS"):
+        monkeypatch.delenv(name, raising=False)
+    cases = '''  *"import torch, transformers"*) echo "2.13.0 5.17.0 NVIDIA H100 80GB HBM3" ;;
+  *gpu-report*) echo "dtype=${SPECDEC_EDU_DTYPE:-}" ;;
+  *gpu_check.py*|*cold_start.py*) echo "$* offline=$HF_HUB_OFFLINE,$TRANSFORMERS_OFFLINE random=$SPECDEC_EDU_RANDOM_TARGET" ;;'''
+    py, path = fake_python(tmp_path, cases), fake_tools(tmp_path)
+    out = tmp_path / "7b"
+    done = run("7b", OUT=str(out), PYTHON=py, PATH=path, GIT_COMMIT="abc1234", SIZE="tiny")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    provenance = (out / "provenance.txt").read_text().splitlines()
+    assert re.fullmatch(r"date: 20\d\d-\d\d-\d\dT\d\d:\d\d:\d\dZ", provenance[0]), provenance
+    assert provenance[1].startswith("command: ") and provenance[1].endswith("scripts/gpu_course_checks.sh 7b")
+    assert provenance[2:4] == ["commit: abc1234", "settings: BUDGET=580 DEADLINE=auto JOBS=4 CELL_TIMEOUT=240 "
+                                                  "DEVICE=cuda SIZE=tiny"], provenance
+    for line in ("SPECDEC_EDU_RANDOM_TARGET=1", "NVIDIA H100 80GB HBM3, 550.54.15, 81559 MiB",
+                 "2.13.0 5.17.0 NVIDIA H100 80GB HBM3"):
+        assert line in provenance, line
+    assert (out / "versions.txt").read_text() == "2.13.0 5.17.0 NVIDIA H100 80GB HBM3\n"
+    check = (out / "gpu_check_7b.txt").read_text()
+    assert f"--json {out}/gpu_check_7b.json " in check and "offline=1,1 random=1" in check, check
+    for fp16_needs, cold_needs in (("0", "1000"), ("1000", "0")):
+        out = tmp_path / f"smoke{fp16_needs}"
+        done = run("smoke", OUT=str(out), PYTHON=py, PATH=path, FP16_NEEDS=fp16_needs, COLD_NEEDS=cold_needs)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        fp16, cold = (out / "gpu_report_fp16.txt").read_text(), (out / "cold_start.txt").read_text()
+        if fp16_needs == "0":
+            assert fp16.endswith("\ndtype=fp16\n") and "it needs 1000 s (COLD_NEEDS)" in cold, (fp16, cold)
+        else:
+            assert "it needs 1000 s (FP16_NEEDS)" in fp16 and f"--json {out}/cold_start.json " in cold, (fp16, cold)
+            assert "offline=1,1 random=1" in cold
+
+
+def wheels_repo(tmp_path):
+    """A copy of gpu_wheels.sh in a fresh one-commit repo with its constraints, and a `python3` whose pip download
+    writes its arguments to pip.txt and, instead of fetching, leaves wheels of the packages it names and of some it
+    must not carry (no network)."""
+    repo, bin_ = tmp_path / "repo", tmp_path / "bin"
+    (repo / "scripts").mkdir(parents=True)
+    (repo / "constraints").mkdir()
+    bin_.mkdir()
+    shutil.copy(WHEELS, repo / "scripts" / "gpu_wheels.sh")
+    shutil.copy(ROOT / "constraints" / "gpu_wheels.txt", repo / "constraints" / "gpu_wheels.txt")
+    (repo / ".gitignore").write_text("/.whl/\n")
+    (bin_ / "python3").write_text(f'''#!/usr/bin/env bash
+echo "$*" > "{tmp_path}/pip.txt"
+while (( $# )); do [[ $1 == -d ]] && d=$2; shift; done
+for w in nbclient-0.11.0 traitlets-5.16.1 debugpy-1.8.0 jedi-0.19.0 tzdata-2025.1 widgetsnbextension-4.0.0; do
+  echo > "$d/$w-py3-none-any.whl"
+done
+''')
+    (bin_ / "python3").chmod(0o755)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "x"]):
+        subprocess.run(git + args, cwd=repo, check=True, capture_output=True)
+    return repo, {**os.environ, "PATH": f"{bin_}{os.pathsep}{os.environ['PATH']}"}
+
+
+def test_gpu_wheels_fetches_binaries_for_the_gpu_python_and_leaves_out_what_the_image_has(tmp_path):
+    """pip download asks for binary wheels (any platform the image takes, pure ones too) for PY (3.12 by default), under
+    the pins; the wheels the image has or that are not needed are removed, the ones needed stay, and a wheel left from
+    an earlier run is gone. Run from another folder, it still works in the repository. PY other than 3.12 without
+    WHEELS stops with exit 2 before fetching anything: .whl/ travels to the 3.12 machine."""
+    repo, env = wheels_repo(tmp_path)
+    (repo / ".whl").mkdir()
+    (repo / ".whl" / "ipykernel-6.0.0-cp311-none-any.whl").write_text("")  # from an earlier run, for another Python
+    done = subprocess.run(["bash", str(repo / "scripts" / "gpu_wheels.sh")], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    pip = (tmp_path / "pip.txt").read_text().split()
+    assert pip[:4] == ["-m", "pip", "download", "-q"] and "--only-binary=:all:" in pip, pip
+    for option, value in (("--python-version", "3.12"), ("--implementation", "cp"), ("-c", "constraints/gpu_wheels.txt"),
+                          ("-d", ".whl")):
+        assert pip[pip.index(option) + 1] == value, (option, pip)
+    platforms = {pip[i + 1] for i, arg in enumerate(pip) if arg == "--platform"}
+    assert {"any", "manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64"} <= platforms, platforms
+    assert sorted(p.name for p in (repo / ".whl").iterdir()) == ["nbclient-0.11.0-py3-none-any.whl",
+                                                                  "traitlets-5.16.1-py3-none-any.whl"]
+    (tmp_path / "pip.txt").unlink()
+    done = subprocess.run(["bash", "scripts/gpu_wheels.sh"], cwd=repo, capture_output=True, text=True, timeout=60,
+                          env={**env, "PY": "3.11"})
+    assert done.returncode == 2 and "for a rehearsal give WHEELS=/tmp/whl" in done.stderr
+    assert not (tmp_path / "pip.txt").exists()
+    done = subprocess.run(["bash", "scripts/gpu_wheels.sh"], cwd=repo, capture_output=True, text=True, timeout=60,
+                          env={**env, "PY": "3.11", "WHEELS": str(tmp_path / "whl")})
+    assert done.returncode == 0, done.stdout + done.stderr
+    pip = (tmp_path / "pip.txt").read_text().split()
+    assert pip[pip.index("--python-version") + 1] == "3.11" and (tmp_path / "whl" / "nbclient-0.11.0-py3-none-any.whl").exists()
+
+
+def test_gpu_wheels_fetches_every_module_the_notebooks_stage_checks_for():
+    """The notebooks stage stops (exit 2) unless it can import nbclient, ipykernel and ipywidgets: each of them must be
+    among the packages gpu_wheels.sh fetches, or a lease finds its stack incomplete."""
+    checked = re.search(r'"\$PY" -c "import ([\w, ]+)" 2>/dev/null', SCRIPT.read_text()).group(1).split(", ")
+    asked = re.search(r"^PACKAGES=\(([^)]*)\)", WHEELS.read_text(), re.M).group(1).split()
+    assert checked and set(checked) <= set(asked), (checked, asked)
+
+
+def test_the_pins_hold_every_dependency_of_the_pinned_packages():
+    """-c pins only what it names: a dependency of a pinned package that is not pinned (nor on the image, nor left out
+    on purpose) is fetched at whatever version is newest. Checked against this environment's metadata, for each pinned
+    package installed here at its pinned version, with the GPU image's markers (CPython 3.12 on Linux)."""
+    metadata = pytest.importorskip("importlib.metadata")
+    requirements = pytest.importorskip("packaging.requirements")
+
+    def norm(name):
+        return re.sub(r"[-_.]+", "-", name).lower()
+
+    script = WHEELS.read_text()
+    left_out = {norm(name) for array in ("ON_THE_IMAGE", "NOT_NEEDED")
+                for name in re.search(rf"^{array}=\(([^)]*)\)", script, re.M).group(1).split()}
+    pins = dict(line.strip().split("==") for line in (ROOT / "constraints" / "gpu_wheels.txt").read_text().splitlines()
+                if line.strip() and not line.startswith("#"))
+    pins = {norm(name): version for name, version in pins.items()}
+    marker_env = {"python_version": "3.12", "python_full_version": "3.12.3", "sys_platform": "linux",
+                  "platform_system": "Linux", "implementation_name": "cpython", "os_name": "posix",
+                  "platform_python_implementation": "CPython", "platform_machine": "x86_64", "extra": ""}
+    checked, missing = 0, []
+    for name, version in pins.items():
+        try:
+            if metadata.version(name) != version:
+                continue
+        except metadata.PackageNotFoundError:
+            continue
+        checked += 1
+        for text in metadata.requires(name) or []:
+            requirement = requirements.Requirement(text)
+            if requirement.marker and not requirement.marker.evaluate(marker_env):
+                continue
+            if norm(requirement.name) not in pins and norm(requirement.name) not in left_out:
+                missing.append(f"{name}: {requirement}")
+    if not checked:
+        pytest.skip("none of the pinned packages is installed here at its pinned version")
+    assert not missing, missing
+
+
+def test_device_size_paths_and_backend_reach_the_steps_and_their_stderr_goes_to_their_files(tmp_path):
+    """DEVICE, SIZE, COLD_PATHS and COMPILE_BACKEND reach the steps that take them (a CPU rehearsal that ran with the
+    GPU's settings would rehearse nothing), and each step's stderr (a traceback) lands in its file under $OUT beside
+    its stdout: the files are what comes back from the machine."""
+    py = fake_python(tmp_path, '  *) echo "args: $*"; echo "stderr of ${1:-}" >&2 ;;')
+    env = dict(PYTHON=py, PATH=fake_tools(tmp_path), BUDGET="1000", FP16_NEEDS="0", COLD_NEEDS="0", DEVICE="cpu",
+               SIZE="tiny", COLD_PATHS="default", COMPILE_BACKEND="aot_eager", DEADLINE="100")
+    out = tmp_path / "out"
+    for stage in ("smoke", "7b", "notebooks"):
+        done = run(stage, OUT=str(out), **env)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    expected = {"dtype.txt": ("default_dtype(d))) cpu\n", "stderr of -c"),
+                "compile_failure.txt": ("args: - cpu\n", "stderr of -\n"),
+                "gpu_report_fp16.txt": ("args: -m specdec_edu gpu-report", "stderr of -m"),
+                "cold_start.txt": ("--device cpu --paths default --cpus 0,1 ", "stderr of scripts/cold_start.py"),
+                "gpu_check_7b.txt": ("--size tiny --device cpu --compile --goals", "--compile-backend aot_eager ",
+                                     "stderr of scripts/gpu_check.py"),
+                "notebooks.txt": ("args: scripts/execute_notebooks.py", "stderr of scripts/execute_notebooks.py")}
+    for name, parts in expected.items():
+        text = (out / name).read_text()
+        assert all(part in text for part in parts), (name, text)
