@@ -26,8 +26,9 @@
 # python3, the image's). FP16_NEEDS and COLD_NEEDS (default 60 each): the seconds of BUDGET that smoke steps 3 and 4
 # need left to start (the tests set them high to rehearse a skip).
 # Exit status: 0 all passed; 2 usage, or no Jupyter stack; 3 a step was cut by its own time limit, or the notebooks
-# by their DEADLINE with none failing (one line names it; its partial results stay in $OUT); else a failed step's
-# own. Never 124: the device tool reads it as its timeout.
+# by their DEADLINE with none failing (one line names it; its partial results stay in $OUT); else the first failed
+# step's own, which outranks a cut (each failure has a `failed:` line in the provenance). Never 124: the device tool
+# reads it as its timeout.
 #
 # The notebooks stage needs the Jupyter stack, which the GPU image lacks: run `bash scripts/gpu_wheels.sh` here
 # first and name .whl in the device tool's `carry`; this script installs what .whl/ holds (into /tmp/site).
@@ -58,6 +59,8 @@ export SPECDEC_EDU_RANDOM_TARGET=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1  # no
   echo "command: $0 $*"
   echo "commit: ${GIT_COMMIT:-unknown (set GIT_COMMIT)}"
   echo "settings: BUDGET=$BUDGET DEADLINE=${DEADLINE:-auto} JOBS=${JOBS:-4} CELL_TIMEOUT=${CELL_TIMEOUT:-240} DEVICE=${DEVICE:-cuda} SIZE=${SIZE:-7b}"
+  echo "settings: COLD_PATHS=${COLD_PATHS:-default,eager,reduce-overhead} COMPILE_BACKEND=${COMPILE_BACKEND:-inductor}" \
+    "FP16_NEEDS=${FP16_NEEDS:-60} COLD_NEEDS=${COLD_NEEDS:-60} PYTHON=$PY"
   env | grep '^SPECDEC_EDU_' | sort || true
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo "nvidia-smi: none"
 } > "$OUT/provenance.txt"
@@ -65,8 +68,10 @@ if compgen -G ".whl/*.whl" >/dev/null; then  # wheels carried from scripts/gpu_w
   # a failed install (wheels for another Python) must not cost the stages that need none of them
   if "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl; then
     export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+    echo "wheels: $(ls .whl/*.whl | wc -l) from .whl/ installed into /tmp/site" >> "$OUT/provenance.txt"
   else
-    echo "warning: the wheels in .whl/ did not install (made for another Python? scripts/gpu_wheels.sh makes cp312)" >&2
+    echo "warning: the wheels in .whl/ did not install (made for another Python? scripts/gpu_wheels.sh makes cp312)" \
+      | tee -a "$OUT/provenance.txt" >&2
   fi
 fi
 "$PY" -c "import torch, transformers; print(torch.__version__, transformers.__version__, torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no CUDA device')" \
@@ -75,18 +80,27 @@ fi
 DEVICE="${DEVICE:-cuda}"
 status=0
 
-# failed STATUS STEP LIMIT CAP: a step's failure goes into $status. An inner `timeout` exits 124 (137: SIGKILL, 10 s
-# after a SIGTERM the step ignored (-k 10), or the kernel's OOM killer); passed out, the device tool would report
-# that as its own timeout (timed_out: true) and invite a rerun with a longer timeout_s. So a cut step is exit 3,
-# with one line that names it and the limit it had.
+# failed RC STEP LIMIT CAP: a step's failure goes into $status (settle), with one line in the provenance. An inner
+# `timeout` exits 124 (137: SIGKILL, 10 s after a SIGTERM the step ignored (-k 10), or the kernel's OOM killer);
+# passed out, the device tool would report that as its own timeout (timed_out: true) and invite a rerun with a longer
+# timeout_s. So a cut step is exit 3, with one line that names it and the limit it had.
 failed() {
-  status=$1
-  if (( status == 124 || status == 137 )); then
-    local why="ran out its limit of $3 s"; (( status == 137 )) && why="was killed (exit 137) after its limit of $3 s, or for memory"
+  local rc=$1
+  if (( rc == 124 || rc == 137 )); then
+    local why="ran out its limit of $3 s"; (( rc == 137 )) && why="was killed (exit 137) after its limit of $3 s, or for memory"
     echo "cut: $2 $why (its cap $4; BUDGET=$BUDGET, $(left) s of it left): exit 3; what it wrote stays in $OUT" \
       | tee -a "$OUT/provenance.txt"
-    status=3
+    rc=3
+  else
+    echo "failed: $2 exited $rc; its output is in $OUT" | tee -a "$OUT/provenance.txt"
   fi
+  settle "$rc"
+}
+
+# settle RC: the stage's exit status, given a step's RC. A failure outranks a cut: exit 3 reads as "rerun with more
+# time", which would not mend a failed step. The first failure is kept (later steps may fail because of it).
+settle() {
+  if (( status == 0 || (status == 3 && $1 != 0) )); then status=$1; fi
 }
 
 dtype_rule() {  # smoke 1: the dtype rule on this GPU (an H200: bf16, native)
@@ -154,7 +168,7 @@ cold_start() {  # smoke 4: cold start under two CPUs (a Colab proxy), with each 
 notebooks() {  # the notebooks on CUDA, quick, in a scratch folder, then one archive (the committed notebooks stay as they are)
   if ! "$PY" -c "import nbclient, ipykernel, ipywidgets" 2>/dev/null; then
     echo "no Jupyter stack here: run 'bash scripts/gpu_wheels.sh' where pip works, and carry .whl" | tee "$OUT/notebooks.txt" >&2
-    status=2; return
+    settle 2; return
   fi
   # JOBS notebooks side by side (default 4: the machine has 16 CPUs; on a GPU each notebook compiles its models,
   # CPU work, part of which the later notebooks read back from inductor's disk cache). DEADLINE (default: what is left
@@ -164,18 +178,30 @@ notebooks() {  # the notebooks on CUDA, quick, in a scratch folder, then one arc
   # not yet timed) frees a worker whose kernel stopped answering, and that notebook runs once more (--retries 1),
   # instead of holding its worker to the deadline.
   # In `all`, RESERVE keeps back what the fp16 report after it needs: without it a run to the deadline skipped it.
-  local deadline="${DEADLINE:-$(( $(left) - 40 - ${RESERVE:-0} ))}"
+  # A DEADLINE is cut to that too, like every step's limit, so the backstop (20 s after it) ends inside BUDGET.
+  local most=$(( $(left) - 40 - ${RESERVE:-0} ))
+  local deadline="${DEADLINE:-$most}"
+  (( deadline > most )) && deadline=$most
+  if (( deadline < 30 )); then  # not even one notebook: a cut, not a pass (and no `timeout` of 0 s, which never ends)
+    echo "cut: notebooks not started: $(left) s of BUDGET left, a deadline of $deadline s (they need 70 s left," \
+      "plus RESERVE=${RESERVE:-0}): exit 3" | tee "$OUT/notebooks.txt" | tee -a "$OUT/provenance.txt"
+    settle 3; return
+  fi
   rm -rf /tmp/executed && mkdir -p /tmp/executed  # only this call's copies go into the archive
+  # The kernels' connection files go to a folder of this run's own (jupyter_client writes them under TMPDIR), so that
+  # the backstop's pkill below matches this run's kernels and no others (a CPU rehearsal shares its machine).
+  local kernels=/tmp/gpu_course_kernels
+  rm -rf "$kernels" && mkdir -p "$kernels"
   local rc=0 t=$(( deadline + 20 ))
-  timeout -k 10 "$t" "$PY" scripts/execute_notebooks.py --scratch --quick --jobs "${JOBS:-4}" \
+  TMPDIR="$kernels" timeout -k 10 "$t" "$PY" scripts/execute_notebooks.py --scratch --quick --jobs "${JOBS:-4}" \
     --deadline "$deadline" --timeout "${CELL_TIMEOUT:-240}" --retries 1 --out /tmp/executed "$@" 2>&1 | tee "$OUT/notebooks.txt" || rc=$?
   if (( rc == 124 || rc == 137 )); then  # the backstop fired: the kernels run in sessions of their own and would outlive it
-    pkill -f ipykernel_launcher 2>/dev/null || true  # (on the lent machine, which runs nothing else)
+    pkill -f "ipykernel_launcher -f $kernels/" 2>/dev/null || true
   fi
   if (( rc == 3 )); then  # execute_notebooks.py: nothing failed, but the deadline stopped some (rows of the table)
     echo "cut: notebooks: the DEADLINE of $deadline s stopped or never started some (see notebooks.txt): exit 3" \
       | tee -a "$OUT/provenance.txt"
-    status=3
+    settle 3
   elif (( rc != 0 )); then
     failed "$rc" "notebooks (the backstop)" "$t" "DEADLINE $deadline s + 20 s"
   fi
@@ -186,7 +212,7 @@ case "$STAGE" in
 all)
   dtype_rule; compile_failure; RESERVE="${FP16_NEEDS:-60}" notebooks "${@:2}"; fp16_report ;;
 smoke)
-  # Every step runs even if one before it failed (`|| status=$?`); the exit status says whether all passed.
+  # Every step runs even if one before it failed (`|| failed ...`); the exit status says whether all passed.
   # DEVICE=cpu COLD_PATHS=default rehearses the plumbing on a CPU (CUDA graphs exist on CUDA only).
   dtype_rule; compile_failure; fp16_report; cold_start ;;
 cold)

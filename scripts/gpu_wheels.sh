@@ -28,7 +28,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PY:-3.12}"
 WHEELS="${WHEELS:-.whl}"
-if [[ "$WHEELS" == ".whl" && "$PY" != "3.12" ]]; then  # .whl/ is what travels, and gpu_course_checks.sh installs it
+# .whl/ is what travels, and gpu_course_checks.sh installs it, however WHEELS names it (./.whl, its absolute path)
+if [[ "$(realpath -m -- "$WHEELS")" == "$(realpath -m .whl)" && "$PY" != "3.12" ]]; then
   echo "PY=$PY: .whl/ travels to the GPU machine, whose Python is 3.12; for a rehearsal give WHEELS=/tmp/whl" >&2
   exit 2
 fi

@@ -514,3 +514,105 @@ def test_device_size_paths_and_backend_reach_the_steps_and_their_stderr_goes_to_
     for name, parts in expected.items():
         text = (out / name).read_text()
         assert all(part in text for part in parts), (name, text)
+
+
+@pytest.mark.parametrize("cut, failing", [("*cold_start.py*", '"- cuda"'), ("*default_dtype*", "*gpu-report*")])
+def test_a_failure_outranks_a_cut_and_every_failed_step_has_its_line(tmp_path, cut, failing):
+    """A step that failed and another that was cut, in either order: the stage exits with the failure's own status,
+    not 3, which reads as "rerun with more time" and would not mend the failure; the provenance names the failed step
+    as well as the cut one (the failure was found nowhere but in its own file)."""
+    out = tmp_path / "out"
+    py = fake_python(tmp_path, f"  {failing}) echo failing; exit 6 ;;")
+    done = run("smoke", OUT=str(out), PYTHON=py, PATH=fake_tools(tmp_path, cut), BUDGET="1000", FP16_NEEDS="0",
+               COLD_NEEDS="0")
+    assert done.returncode == 6, done.stdout[-2000:] + done.stderr[-2000:]
+    provenance = (out / "provenance.txt").read_text()
+    assert re.search(r"^failed: smoke [23] \((compile failure|fp16 gpu-report)\) exited 6;", provenance, re.M), provenance
+    assert provenance.count("cut: ") == 1 and provenance.splitlines()[-1].startswith("stage smoke: exit 6 "), provenance
+
+
+def test_the_notebooks_deadline_is_cut_to_the_budget_and_too_little_of_it_is_a_cut(tmp_path):
+    """DEADLINE is cut to what is left of BUDGET (less 40 s), so the backstop 20 s after it still ends inside the call
+    (DEADLINE=1000 gave a 1020 s backstop, past the tool's 600 s limit). With too little left for any notebook, the
+    stage runs none and exits 3 with a "cut:" line: it ran `timeout -1`, which GNU timeout refuses, and a limit of 0
+    would have meant none at all."""
+    py = fake_python(tmp_path, '  *execute_notebooks.py*) echo "notebooks given: $*" ;;')
+    log = tmp_path / "tools.log"
+    out = tmp_path / "capped"
+    done = run("notebooks", OUT=str(out), PYTHON=py, PATH=fake_tools(tmp_path), BUDGET="300", DEADLINE="1000")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    deadline = int(re.search(r"--deadline (-?\d+) ", (out / "notebooks.txt").read_text()).group(1))
+    backstop = int(re.search(r"timeout -k 10 (-?\d+) ", log.read_text()).group(1))
+    assert 255 <= deadline <= 260 and backstop == deadline + 20, (deadline, backstop)
+    log.unlink()
+    out = tmp_path / "short"
+    done = run("notebooks", OUT=str(out), PYTHON=py, PATH=fake_tools(tmp_path), BUDGET="20")
+    assert done.returncode == 3, done.stdout[-2000:] + done.stderr[-2000:]
+    provenance = (out / "provenance.txt").read_text()
+    assert "cut: notebooks not started: " in provenance and "stage notebooks: exit 3" in provenance, provenance
+    assert not log.exists() and "notebooks given" not in (out / "notebooks.txt").read_text()
+
+
+def test_the_backstop_stops_this_runs_kernels_and_no_others(tmp_path, monkeypatch):
+    """After a backstop cut the kernels (sessions of their own) outlive execute_notebooks.py, so the script stops
+    them; a bare `pkill -f ipykernel_launcher` also stopped every other Jupyter kernel of the machine (a CPU rehearsal
+    shares it). The notebooks run with TMPDIR set to a folder of the run's own, and pkill matches kernels whose
+    connection file is there. That holds because jupyter_client puts a kernel's connection file under TMPDIR and the
+    kernel's command line names it after -f (checked here on this environment's jupyter_client)."""
+    py = fake_python(tmp_path, '  *execute_notebooks.py*) echo "TMPDIR=$TMPDIR" ;;')
+    log = tmp_path / "tools.log"
+    done = run("notebooks", OUT=str(tmp_path / "out"), PYTHON=py, DEADLINE="100",
+               PATH=fake_tools(tmp_path, "*execute_notebooks.py*", 124))
+    assert done.returncode == 3, done.stdout[-2000:] + done.stderr[-2000:]
+    kernels = re.search(r"^TMPDIR=(\S+)$", (tmp_path / "out" / "notebooks.txt").read_text(), re.M).group(1)
+    assert kernels.startswith("/tmp/") and kernels != "/tmp", kernels
+    assert [line for line in log.read_text().splitlines() if line.startswith("pkill")] == [
+        f"pkill -f ipykernel_launcher -f {kernels}/"]
+    connect = pytest.importorskip("jupyter_client.connect")
+    kernelspec = pytest.importorskip("jupyter_client.kernelspec")
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # what TMPDIR sets in a fresh process
+    fname, _ = connect.write_connection_file()
+    assert Path(fname).parent == tmp_path, fname
+    argv = " ".join(kernelspec.get_kernel_spec("python3").argv)
+    assert "-m ipykernel_launcher -f {connection_file}" in argv, argv
+
+
+def test_the_provenance_names_every_setting_a_step_reads_and_whether_the_wheels_installed(tmp_path):
+    """COLD_PATHS, COMPILE_BACKEND, FP16_NEEDS, COLD_NEEDS and PYTHON change what a stage measures, so the provenance
+    names them beside BUDGET and the rest; whether the carried wheels installed goes there too (it went to stderr only,
+    which the device tool keeps as a tail of 12,000 characters)."""
+    out = tmp_path / "out"
+    py = fake_python(tmp_path)
+    done = run("cold", OUT=str(out), PYTHON=py, PATH=fake_tools(tmp_path), COLD_NEEDS="1000", COLD_PATHS="default",
+               COMPILE_BACKEND="capture", FP16_NEEDS="7")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert (f"settings: COLD_PATHS=default COMPILE_BACKEND=capture FP16_NEEDS=7 COLD_NEEDS=1000 PYTHON={py}"
+            in (out / "provenance.txt").read_text().splitlines())
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True)
+    (repo / ".whl").mkdir()
+    shutil.copy(SCRIPT, repo / "scripts" / "gpu_course_checks.sh")
+    (repo / ".whl" / "nbclient-0.11.0-py3-none-any.whl").write_text("")
+    for installs, line in ((True, "wheels: 1 from .whl/ installed into /tmp/site"),
+                           (False, "warning: the wheels in .whl/ did not install")):
+        out = tmp_path / f"out{installs}"
+        py = fake_python(tmp_path, f'  *"pip install"*) exit {0 if installs else 1} ;;')
+        done = subprocess.run(["bash", "scripts/gpu_course_checks.sh", "cold"], cwd=repo, capture_output=True,
+                              text=True, timeout=60, env={**os.environ, "PYTHON": py, "OUT": str(out),
+                                                          "PATH": fake_tools(tmp_path), "COLD_NEEDS": "1000"})
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        assert line in (out / "provenance.txt").read_text(), line
+
+
+def test_gpu_wheels_refuses_another_python_for_the_folder_that_travels_however_it_is_named(tmp_path):
+    """PY other than 3.12 into .whl/ (the folder that travels) stops with exit 2 before fetching anything, whether
+    WHEELS is unset, `./.whl` or its absolute path: the guard compared the name with ".whl" and let the other two
+    build cp311 wheels where the 3.12 machine would install them."""
+    repo, env = wheels_repo(tmp_path)
+    for wheels in (None, "./.whl", str(repo / ".whl"), str(repo / ".whl") + "/"):
+        done = subprocess.run(["bash", "scripts/gpu_wheels.sh"], cwd=repo, capture_output=True, text=True, timeout=60,
+                              env={**env, "PY": "3.11", **({"WHEELS": wheels} if wheels else {})})
+        assert done.returncode == 2 and "for a rehearsal give WHEELS=/tmp/whl" in done.stderr, (wheels, done.stderr)
+        assert not (tmp_path / "pip.txt").exists(), wheels
