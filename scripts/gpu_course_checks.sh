@@ -188,10 +188,11 @@ notebooks() {  # the notebooks on CUDA, quick, in a scratch folder, then one arc
     settle 3; return
   fi
   rm -rf /tmp/executed && mkdir -p /tmp/executed  # only this call's copies go into the archive
-  # The kernels' connection files go to a folder of this run's own (jupyter_client writes them under TMPDIR), so that
-  # the backstop's pkill below matches this run's kernels and no others (a CPU rehearsal shares its machine).
+  # The kernels' connection files go to a folder of the script's own (jupyter_client writes them under TMPDIR), so that
+  # the backstop's pkill below matches its kernels and no others (a CPU rehearsal shares its machine). Kept between
+  # calls: inductor's disk cache, under TMPDIR too, then serves a rerun on the same machine.
   local kernels=/tmp/gpu_course_kernels
-  rm -rf "$kernels" && mkdir -p "$kernels"
+  mkdir -p "$kernels"
   local rc=0 t=$(( deadline + 20 ))
   TMPDIR="$kernels" timeout -k 10 "$t" "$PY" scripts/execute_notebooks.py --scratch --quick --jobs "${JOBS:-4}" \
     --deadline "$deadline" --timeout "${CELL_TIMEOUT:-240}" --retries 1 --out /tmp/executed "$@" 2>&1 | tee "$OUT/notebooks.txt" || rc=$?
