@@ -28,8 +28,10 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the package, from a checkout
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # suffix_eval, beside this script, however it is run
 
 from specdec_edu.suffix import EMBEDDED_VOCAB, CorpusIndex, SuffixDrafter, corpus_answers  # noqa: E402
+from suffix_eval import provenance  # noqa: E402  (imported before any measuring: a failed import loses nothing)
 
 SHIFT = 7919  # a prime: copy k maps token t to (t + k · SHIFT) mod V
 
@@ -65,6 +67,7 @@ def main(argv=None) -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--tokens", type=int, default=1_000_000)
     ap.add_argument("--threads", type=int, default=1, help="torch threads for the target step (1: steadier on a shared CPU)")
+    argv = sys.argv[1:] if argv is None else argv
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     answers = corpus_answers(Path(__file__).resolve().parent.parent / "assets" / "feature_data")
@@ -120,11 +123,7 @@ def main(argv=None) -> None:
         "budgets": {"index_mb <= 100": index.nbytes / 1e6 <= 100, "build_s <= 10": build_s <= 10,
                     "c <= 0.01": statistics.median(t_seen + t_novel) / step_s <= 0.01},
     }
-    sys.argv[0] = "scripts/suffix_budget.py"
-    from suffix_eval import provenance  # noqa: E402  (scripts/ is on the path when run as a script)
-
-    result.update(provenance(args))
-    result["command"] = "python scripts/suffix_budget.py " + " ".join(sys.argv[1:])
+    result.update(provenance(" ".join(["python scripts/suffix_budget.py", *argv])))
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(json.dumps(result, indent=1))
 

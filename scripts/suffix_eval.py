@@ -1,14 +1,19 @@
 #!/usr/bin/env python
-"""Measurements for the suffix drafter (issue 26) that the bench command does not make.
+r"""Measurements for the suffix drafter (issue 26) that the bench command does not make (the commands that made the
+committed files):
 
-    python scripts/suffix_eval.py sweep --out assets/results/suffix_hf_lookup_sweep_cpu.json
-    python scripts/suffix_eval.py curve --out assets/results/suffix_corpus_curve_cpu.json
+    python scripts/suffix_eval.py sweep --max-new-tokens 32 --tokens 2,4,7,10 --ngrams 2,4 \
+        --out assets/results/suffix_hf_lookup_sweep_cpu.json
+    python scripts/suffix_eval.py curve --prompts 4 --max-new-tokens 32 --fractions 0,0.25,0.5,1 \
+        --out assets/results/suffix_corpus_curve_cpu.json
+    python scripts/suffix_eval.py tune --max-new-tokens 32 --out assets/results/suffix_tuning_cpu.json
 
 ``sweep``: Hugging Face's prompt lookup over ``prompt_lookup_num_tokens`` × ``max_matching_ngram_size`` on the
 *tuning* input-grounded prompts (``assets/eval/prompts.json``), greedy; the best setting is what
 ``bench --drafter suffix --hf-lookup TOKENS,NGRAM`` compares with. ``curve``: speedup over target-only on open chat
 prompts with the global index built from the first fraction of the corpus (0 = the request alone), methods
-interleaved per prompt. Both record date, machine, versions and the command.
+interleaved per prompt. ``tune``: the suffix drafter's own settings (``--settings gamma/min_prob/spec_factor,...``) on
+the tuning prompts. Each records date, machine, versions and the command.
 """
 
 from __future__ import annotations
@@ -32,10 +37,12 @@ from specdec_edu.result import GenerationStats  # noqa: E402
 from specdec_edu.suffix import SuffixDrafter, embedded_corpus  # noqa: E402
 
 
-def provenance(args) -> dict:
+def provenance(command: str) -> dict:
+    """Date, machine, threads, versions and ``command``, the run's own command line (``main``'s arguments: a call from
+    code has no command line of its own, and ``sys.argv`` is then the caller's)."""
     return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "machine": f"{platform.machine()} {platform.processor() or ''}".strip(), "threads": torch.get_num_threads(),
-            "versions": _versions(), "command": "python scripts/suffix_eval.py " + " ".join(sys.argv[1:]),
+            "versions": _versions(), "command": command,
             "note": "shared 2-core CPU (other jobs running): timings are noisy; greedy, fp32"}
 
 
@@ -133,6 +140,7 @@ def main(argv=None) -> None:
     ap.add_argument("--prompt-set", default="open-chat")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--gamma", type=int, default=8)
+    argv = sys.argv[1:] if argv is None else argv
     args = ap.parse_args(argv)
     import transformers
 
@@ -140,7 +148,7 @@ def main(argv=None) -> None:
     target, _, tokenizer = load_embedded_pair(device="cpu")
     _hf_generate(target, chat_prompt(tokenizer, "Hello!"), 8, tokenizer.eos_token_id)  # warm-up
     result = {"sweep": sweep, "curve": curve, "tune": tune}[args.what](args, target, tokenizer)
-    result.update(provenance(args))
+    result.update(provenance(" ".join(["python scripts/suffix_eval.py", *argv])))
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(f"wrote {args.out}")
 

@@ -8,6 +8,7 @@ script's own output."""
 import importlib.util
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -56,7 +57,11 @@ scripts = Path(sys.argv[1])
 sys.path.insert(0, str(scripts))
 failures = []
 for path in sorted(scripts.glob("*.py")):
-    # compile_cost.py has no main(): it measures at import, so it is only ever run with --help here.
+    sys.argv = [str(path)]  # imported, not run: no arguments to parse, and no work to do
+    try:
+        runpy.run_path(str(path), run_name=f"imported_{path.stem}")
+    except BaseException as e:
+        failures.append(f"import {path.name}: {type(e).__name__}: {e}")
     sys.argv = [str(path), "--help"]
     out = io.StringIO()
     try:
@@ -79,8 +84,9 @@ print("\n".join(failures) if failures else "OK")
 
 
 def test_every_script_imports_and_answers_help_without_doing_work(tmp_path):
-    """One subprocess (torch imported once): each scripts/*.py run as ``__main__`` with ``--help`` exits 0 with a usage
-    line, and each scripts/draft_build module imports. The model cache points at an empty folder and the hub is
+    """One subprocess (torch imported once): each scripts/*.py imports without running (compile_cost.py measured at
+    import, and left a folder in TMPDIR), run as ``__main__`` with ``--help`` exits 0 with a usage line, and each
+    scripts/draft_build module imports. The model cache points at an empty folder and the hub is
     offline, so a script that loaded, downloaded or wrote anything before parsing its arguments fails here (the
     cache, or the working folder, would no longer be empty). suffix_eval.py is run by no other test: a rename of the
     private bench helpers it imports (``_hf_generate``, ``_versions``, ``eval_prompts``) shows up here first."""
@@ -93,7 +99,7 @@ def test_every_script_imports_and_answers_help_without_doing_work(tmp_path):
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == "OK", proc.stdout[-3000:]
-    assert not list(cache.iterdir()) and not list(work.iterdir())
+    assert not list(cache.iterdir()) and not list(work.iterdir()) and not list(tmp.iterdir())
 
 
 # ---- scripts/suffix_eval.py --------------------------------------------------------------------------------
@@ -171,7 +177,7 @@ class SuffixEvalRig:
     def run(self, monkeypatch, tmp_path, argv):
         out = tmp_path / "out.json"
         argv = [*argv, "--out", str(out)]
-        monkeypatch.setattr(sys, "argv", ["scripts/suffix_eval.py", *argv])
+        monkeypatch.setattr(sys, "argv", ["pytest", "-q"])  # a call from code: the command is main's arguments
         self.mod.main(argv)
         return json.loads(out.read_text()), " ".join(argv)
 
@@ -342,8 +348,10 @@ def test_time_propose_times_the_second_half_of_each_context():
 def test_suffix_budget_figures(monkeypatch, tmp_path):
     """main(): with a fake clock (every interval 1 ms) and a fake target step (50 ms), every derived figure has a
     known value: build 1 ms, add 1 ms / 200 answers, propose medians 1000 µs, c = 1 ms / 50 ms = 0.02 (over the
-    0.01 budget); tokens and documents are those of million_tokens; provenance and the command are recorded."""
-    monkeypatch.syspath_prepend(str(SCRIPTS))
+    0.01 budget); tokens and documents are those of million_tokens; provenance and main's command are recorded.
+    Loaded without scripts/ on the path: it imported suffix_eval only after measuring, and from scripts/ alone."""
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if Path(p or ".").resolve() != SCRIPTS])
+    monkeypatch.delitem(sys.modules, "suffix_eval", raising=False)
     mod = load_script("suffix_budget")
     rng = np.random.default_rng(0)
     answers = [rng.integers(0, 200, size=n).astype(np.int32) for n in rng.integers(20, 120, size=220)]
@@ -372,7 +380,7 @@ def test_suffix_budget_figures(monkeypatch, tmp_path):
     monkeypatch.setattr(mod, "time_propose", lambda d, c, gamma=8: [9.0] if c == seen_ctx[:1] else time_propose(d, c, gamma))
     out = tmp_path / "budget.json"
     argv = ["--out", str(out), "--tokens", "20000", "--threads", "2"]
-    monkeypatch.setattr(sys, "argv", ["scripts/suffix_budget.py", *argv])
+    monkeypatch.setattr(sys, "argv", ["pytest", "-q"])  # a call from code: the command is main's arguments
     threads = torch.get_num_threads()
     try:
         mod.main(argv)
@@ -405,7 +413,8 @@ def test_suffix_budget_figures(monkeypatch, tmp_path):
 
 def test_compile_cost_records_the_target_and_the_draft(monkeypatch, tmp_path):
     """The target's figure is the target's static-cache compile, the draft's the draft's; the JSON names the pair,
-    device, widths and command, and torch.compile's cache is an empty folder."""
+    device, widths, date, versions and the whole command; torch.compile's cache is an empty folder while it compiles,
+    removed afterwards, and the variable is set back (it was a folder left in /tmp by every run, set at import)."""
     import runpy
 
     import specdec_edu
@@ -415,7 +424,14 @@ def test_compile_cost_records_the_target_and_the_draft(monkeypatch, tmp_path):
     target, draft = tiny_llama(seed=0), tiny_llama(seed=1)
     made = []
     monkeypatch.setattr(specdec_edu, "load_pair", lambda pair, device=None: (target, draft, None))
-    monkeypatch.setattr(kv, "shared_static_cache", lambda model, n: made.append(("target", model, n)))
+    caches = []
+
+    def shared_static_cache(model, n):
+        cache = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+        caches.append((cache, cache.is_dir() and not list(cache.iterdir())))
+        made.append(("target", model, n))
+
+    monkeypatch.setattr(kv, "shared_static_cache", shared_static_cache)
     monkeypatch.setattr(specdec_edu, "ModelDrafter",
                         lambda model, max_cache_len, compile: made.append(("draft", model, max_cache_len, compile)))
     monkeypatch.setattr(experiments, "timed", lambda fn, device: (fn(), {"target": 7.0, "draft": 3.0}[made[-1][0]]))
@@ -423,15 +439,14 @@ def test_compile_cost_records_the_target_and_the_draft(monkeypatch, tmp_path):
     monkeypatch.setattr(sys, "argv", ["compile_cost.py", "--json", str(out)])
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(ROOT))  # a warm cache the script must not use
     runpy.run_path(str(SCRIPTS / "compile_cost.py"), run_name="__main__")
-    cache = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
-    assert cache != ROOT and cache.is_dir() and not list(cache.iterdir())
-    cache.rmdir()
+    (cache, empty), = caches
+    assert cache != ROOT and empty and not cache.exists() and os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(ROOT)
     result = json.loads(out.read_text())
     assert made[0][1] is target and made[1][1] is draft and made[1][3] is True and made[0][2] == made[1][2] == 256
     assert result["target_seconds"] == 7.0 and result["draft_seconds"] == 3.0
     assert result["pair"] == "embedded" and result["device"] == "cpu" and result["widths"] == list(kv.WIDTHS)
-    assert result["command"] == "python scripts/compile_cost.py"
-    assert set(result["versions"]) == {"torch", "transformers", "python"}
+    assert result["command"] == f"python scripts/compile_cost.py --json {out}"
+    assert set(result["versions"]) == {"specdec_edu", "torch", "transformers", "python"} and result["date"]
 
 
 # ---- scripts/draft_build -------------------------------------------------------------------------------------
@@ -681,3 +696,16 @@ def test_tuning_prompts_are_not_evaluation_prompts():
 
     assert tuning and not set(tuning) & set(judged)
     assert not [t[:40] for t in tuning for e in judged if runs(t) & runs(e)]
+
+
+def test_the_docstrings_give_the_commands_that_made_the_committed_files():
+    """Each ``python scripts/...`` line of suffix_eval's and suffix_budget's docstrings that writes a committed file
+    is the command that file records: the docstring is how a reader makes the file again (suffix_eval's gave sweep
+    and curve without the options they ran with, and no tune)."""
+    for name in ("suffix_eval", "suffix_budget"):
+        doc = load_script(name).__doc__.replace("\\\n", " ")
+        commands = [" ".join(line.split()) for line in doc.splitlines() if line.strip().startswith("python scripts/")]
+        assert commands, name
+        for command in commands:
+            out = re.search(r"--out (assets/results/\S+)", command).group(1)
+            assert json.loads((ROOT / out).read_text())["command"] == command, (name, command)
