@@ -30,10 +30,15 @@ VOCAB = 64  # the tiny models' vocabulary (conftest.tiny_llama)
 
 
 def load_script(name: str):
-    """``scripts/NAME.py`` as a fresh module (its ``main`` not run)."""
+    """``scripts/NAME.py`` as a fresh module (its ``main`` not run); the folders a script puts on ``sys.path`` for its
+    own imports are taken off again, so that no later test imports from scripts/ by chance."""
     spec = importlib.util.spec_from_file_location(f"script_{name}", SCRIPTS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    path = list(sys.path)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path[:] = path
     return module
 
 
