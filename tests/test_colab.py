@@ -3,6 +3,7 @@
 None of this runs on Colab here; we check the pieces that decide what happens there.
 """
 
+import ast
 import json
 import os
 import sys
@@ -84,6 +85,17 @@ def test_notebook_opens_well_on_colab(path):
     markdown = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown"]
     setup_note = next((m for m in markdown if m.lstrip().startswith("## Setup")), markdown[1])  # 00: its setup section
     assert "pair" in setup_note and (not is_concept(path) or "embedded pair" in setup_note and "every device" in setup_note)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_no_code_cell_imports_a_name_twice(path):
+    """The setup cell is the first code a learner reads on Colab: each name it imports, it imports once (four setup
+    cells once carried a second ``import time`` under the line that starts the notebook's clock)."""
+    for cell in (c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"):
+        lines = [line for line in "".join(cell["source"]).splitlines() if not line.lstrip().startswith(("!", "%"))]
+        names = [alias.asname or alias.name for node in ast.walk(ast.parse("\n".join(lines)))
+                 if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names]
+        assert len(names) == len(set(names)), f"imported twice: {sorted({n for n in names if names.count(n) > 1})}"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
