@@ -886,3 +886,86 @@ def test_training_decays_the_learning_rate_along_a_cosine(monkeypatch):
                            lr=1e-3, batch_size=2, generator=torch.Generator().manual_seed(0), desc="test", max_steps=4)
     expected = [1e-3 * (1 + np.cos(np.pi * step / 4)) / 2 for step in range(4)]
     assert rates == pytest.approx(expected) and rates[2] == pytest.approx(5e-4)
+
+
+def test_training_main_splits_trains_saves_and_resumes(monkeypatch, tmp_path, capsys):
+    """train_feature_drafters.main on a tiny target (the embedded one and the token data stubbed out): a seeded
+    held-out split (max(1, 10 %) of 20 sequences), both drafters trained --max-steps steps with the run's
+    --draft-vocab-size / --heads / --noise / --unroll and saved with them; training.json records the run; the
+    teacher features are cached and reused while the data has as many rows (collected again when it grows);
+    --resume starts from the saved drafter (its own heads) and keeps what came before under "resumed_from"."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from specdec_edu.models import embedded
+
+    torch.manual_seed(0)
+    target = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128,
+                                          initializer_range=0.2)).eval().requires_grad_(False)
+    gen = torch.Generator().manual_seed(0)
+    rows = [(torch.randint(32, (int(n),), generator=gen).tolist(), 4) for n in torch.randint(8, 14, (20,), generator=gen)]
+    script = load_script()
+    monkeypatch.setattr(embedded, "load_embedded_target", lambda device: target)
+    monkeypatch.setattr(script, "load_token_data", lambda path: rows)
+    seen = []
+    real_eagle = script.eagle_loss
+    monkeypatch.setattr(script, "eagle_loss", lambda *a, **kw: seen.append(kw) or real_eagle(*a, **kw))
+    argv = ["--workdir", str(tmp_path / "work"), "--out", str(tmp_path / "out"), "--max-steps", "2", "--threads", "1",
+            "--draft-vocab-size", "24", "--noise", "0.25", "--unroll", "2", "--held-out", "0.1", "--batch-size", "4",
+            "--seed", "3"]
+    script.main(argv + ["--heads", "2"])
+    assert "corpus: 18 training sequences" in capsys.readouterr().out
+    perm = torch.randperm(20, generator=torch.Generator().manual_seed(3))
+    answer_tokens = sum(len(rows[i][0]) - 4 for i in perm[2:].tolist())
+    for kind, hyper in (("eagle", {"noise": 0.25, "unroll": 2}), ("medusa", {"heads": 2})):
+        info = json.loads((tmp_path / "out" / kind / "training.json").read_text())
+        assert info["steps"] == 2 and info["train_sequences"] == 18 and info["train_answer_tokens"] == answer_tokens
+        assert {k: info[k] for k in ("draft_vocab_size", "lr", "batch_size", "seed")} == {
+            "draft_vocab_size": 24, "lr": 1e-3, "batch_size": 4, "seed": 3}
+        assert {k: info[k] for k in hyper} == hyper and "resumed_from" not in info
+        drafter = (EagleDrafter if kind == "eagle" else MedusaDrafter).load(tmp_path / "out" / kind, target)
+        assert drafter.width == 24 and (kind == "eagle" or drafter.n_heads == 2)
+    assert {(kw.get("noise", 0.0), kw["unroll"]) for kw in seen} == {(0.25, 2), (0.0, 3)}  # training, validation
+    assert torch.load(tmp_path / "work" / "corpus.pt", weights_only=False)["n_rows"] == 20
+    monkeypatch.setattr(script, "collect_features", lambda *a, **kw: pytest.fail("the cached features were not used"))
+    script.main(argv + ["--resume", "--drafters", "medusa", "--max-steps", "1", "--lr", "0.002"])
+    info = json.loads((tmp_path / "out" / "medusa" / "training.json").read_text())
+    assert info["steps"] == 1 and info["resumed_from"]["steps"] == 2 and info["resumed_from"]["lr"] == 1e-3
+    assert info["heads"] == 2  # the resumed drafter's own heads, not --heads' default
+    calls = []
+    monkeypatch.setattr(script, "collect_features",
+                        lambda *a, **kw: calls.append(1) or feature_training.collect_features(*a, **kw))
+    rows.append(rows[0])  # the data grew: the cache no longer matches
+    script.main(argv + ["--drafters", "medusa", "--max-steps", "1"])
+    assert calls == [1] and "corpus: 19 training sequences" in capsys.readouterr().out
+
+
+def test_training_smoke_fails_when_speculative_output_differs(monkeypatch):
+    """smoke's exactness check can fail: a speculative run whose greedy output differs from the target's (its last
+    token changed) stops the smoke with the assertion's message."""
+    script = load_script()
+    real = script.speculative_generate
+
+    def one_token_off(*a, **kw):
+        out = real(*a, **kw)
+        out.sequences[0, -1] = (out.sequences[0, -1] + 1) % 32
+        return out
+
+    monkeypatch.setattr(script, "speculative_generate", one_token_off)
+    with pytest.raises(AssertionError, match="greedy speculative output differs"):
+        script.smoke(seed=0, steps=1)
+
+
+def test_target_only_baseline_samples_at_the_speculative_runs_temperature():
+    """evaluate's baseline: target_only_generate samples at T = 0.7 (the speculative run's temperature) unless told
+    otherwise, with the same draws as autoregressive_generate at 0.7 from the same generator, and decodes greedily
+    without do_sample."""
+    from specdec_edu import autoregressive_generate
+
+    script, target = load_script(), tiny_llama(seed=0)
+    ids = torch.tensor([[5, 9, 13, 2]])
+    run = lambda **kw: script.target_only_generate(target, ids, 12, None, **kw).sequences.tolist()  # noqa: E731
+    ref = lambda t: autoregressive_generate(target, ids, max_new_tokens=12, do_sample=True, temperature=t,  # noqa: E731
+                                            generator=torch.Generator().manual_seed(4)).sequences.tolist()
+    assert run(do_sample=True, generator=torch.Generator().manual_seed(4)) == ref(0.7) != ref(1.0)
+    assert run() == autoregressive_generate(target, ids, max_new_tokens=12).sequences.tolist()
