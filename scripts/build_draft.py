@@ -4,7 +4,8 @@
 Target: SmolLM2-135M-Instruct, Q4_1 GGUF dequantized to float32 (the package's embedded
 target, cached as a plain Hugging Face directory by ``specdec_edu.models.weights``).
 Draft: a tiny ``LlamaForCausalLM`` (default: width 256, 2 layers, GQA 4/2 heads, tied
-embeddings initialised from a PCA of the target's embeddings) with the target's tokenizer
+embeddings initialised from the top principal directions of the target's final hidden states,
+``--init hidden-pca``; ``--init embed-pca`` takes a PCA of the target's embeddings) with the target's tokenizer
 and its full 49,152-token vocabulary, but a **reduced head**: only the first K token ids
 get logits (``"draft_vocab_size": K`` in config.json; q = 0 elsewhere keeps speculative
 decoding exact). K is chosen at the end of the build among ``--k-candidates`` by the
@@ -21,7 +22,8 @@ in ``scripts/draft_build/``:
    share the CPU: multi-thread OpenMP collapses under oversubscription on this machine).
    Stored under ``--workdir`` (default /tmp/draftwork), never in the repository.
 2. **train**  (``train.py``) distillation: soft cross-entropy to the teacher's top-k
-   probabilities (restricted to the first K_train ids) + cross-entropy on the teacher's argmax.
+   probabilities (restricted to the first K_train ids) + cross-entropy on the teacher's argmax
+   + (``--w-mse``, default 1) a regression of the draft's final hidden state on the target's.
 3. **save**   (``train.py``) ``assets/draft/``: config.json, model.safetensors (fp16
    storage, loads as fp32), the target's tokenizer files, generation_config.json.
 4. **eval**   (``evaluate.py``) on held-out chat prompts (none of them in the training
@@ -47,7 +49,7 @@ times are written into DRAFT_CARD.md (see there; budget: <= 45 min wall).
 Usage::
 
     python scripts/build_draft.py            # full build (~40 min on 2 cores)
-    python scripts/build_draft.py --quick    # smoke run (< 2 min), writes to /tmp/draftwork/quick_out
+    python scripts/build_draft.py --quick    # smoke run (< 2 min), writes to /tmp/draftwork/quick/quick_out
     python scripts/build_draft.py --stages train,save,eval   # reuse generated data
 """
 

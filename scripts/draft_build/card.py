@@ -27,7 +27,8 @@ def write_card(args, out: Path, info: dict):
         f"{tr.get('n_params', 0) / 1e6:.2f} M parameters, {info.get('size_bytes', 0) / 1e6:.1f} MB on disk "
         "(fp16; load as float32).",
         "- vocabulary: the target's tokenizer and all 49,152 ids (tied input/output embeddings, initialised "
-        "from a PCA of the target's 576-d embeddings).",
+        + {"hidden-pca": "from the top principal directions of the target's final hidden states",
+           "embed-pca": "from a PCA of the target's 576-d embeddings"}.get(getattr(args, "init", None), "at random") + ").",
         f"- **reduced head**: `draft_vocab_size = {K}` in config.json. Only the first {K} token ids get logits "
         "(`hidden_last @ lm_head.weight[:K].T` via `get_decoder()` / `get_output_embeddings()`); the other ids get "
         "q = 0, which keeps speculative decoding exact. The model itself is a standard LlamaForCausalLM: its full "
@@ -41,7 +42,9 @@ def write_card(args, out: Path, info: dict):
         f"the rest sampled at T = {args.temperature}; its top-{args.topk} logits and log-normaliser were kept at "
         f"every position: {tr.get('n_answers', '?')} answers, {tr.get('n_positions', '?')} teacher positions.",
         f"- Loss: {args.w_soft} x soft cross-entropy to the teacher's top-{args.topk} probabilities (ids < {args.k_train}) "
-        f"+ {args.w_hard} x cross-entropy on the teacher's argmax; AdamW lr {args.lr}, cosine, "
+        f"+ {args.w_hard} x cross-entropy on the teacher's argmax"
+        + (f" + {args.w_mse} x a regression of the draft's final hidden state on the target's"
+           if getattr(args, "w_mse", 0) else "") + f"; AdamW lr {args.lr}, cosine, "
         f"{tr.get('steps', '?')} steps of <= {args.batch_tokens} tokens ({args.epochs} epochs).",
         f"- Validation top-1 agreement per epoch (held-out greedy answers, K={args.k_train}): "
         + ", ".join(f"{h['val_top1']:.3f}" for h in tr.get("history", [])),

@@ -78,7 +78,8 @@ def distill_loss(model, batch, K, w_soft, w_hard, w_mse=0.0, basis=None, head_sa
     """Distillation loss on the answer positions; also returns the top-1 agreement (over the scored ids).
 
     soft: cross-entropy to the teacher's top-k probabilities (ids < K, renormalised);
-    hard: cross-entropy on the teacher's argmax (when < K);
+    hard: cross-entropy on the teacher's argmax where it is < K, averaged over all M answer positions
+          (one whose argmax is >= K adds 0, as in ``soft``: both terms weigh every position alike);
     mse:  the draft's final (normed) hidden state vs the target's, projected on ``basis``
           (normalised by the mean variance, so predicting zeros costs 1).
     ``head_sample`` > 0 scores only the batch's teacher candidates plus that many random ids
