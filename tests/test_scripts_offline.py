@@ -23,15 +23,12 @@ import torch
 from conftest import agreeing_copy, tiny_llama
 
 from specdec_edu import autoregressive_generate, speculative_generate
+from specdec_edu.kv import forward_cached
 from specdec_edu.suffix import CorpusIndex, SuffixDrafter
 from specdec_edu.theory import expected_speedup
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
-#: draft_build/data.py passes its KV cache as ``cache=``, the keyword of transformers 5 (4.x calls it
-#: ``past_key_values`` and would take ``cache`` as an unused keyword, running without the prefix): the draft was built on 5.x.
-NEEDS_TRANSFORMERS_5 = pytest.mark.skipif(int(__import__("transformers").__version__.split(".")[0]) < 5,
-                                          reason="scripts/draft_build/data.py passes its cache as cache= (transformers 5)")
 VOCAB = 64  # the tiny models' vocabulary (conftest.tiny_llama)
 
 
@@ -1218,7 +1215,6 @@ def test_shared_prefix_is_the_longest_common_start_of_chat_prompts(stages, char_
         assert data.chat_ids(char_tokenizer, question)[: len(prefix)] == prefix
 
 
-@NEEDS_TRANSFORMERS_5
 def test_generate_batch_rows_are_what_the_target_says_to_each_prompt_alone(stages):
     """generate_batch (shared prefix cache, middle padding, finished rows dropped): every row's recorded top-k ids,
     logits, log-normaliser and final hidden state are the target's on that row's own unpadded sequence (one full
@@ -1239,7 +1235,7 @@ def test_generate_batch_rows_are_what_the_target_says_to_each_prompt_alone(stage
     greedy = [True, False, True, True, True]
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
-        model(input_ids=torch.tensor([prefix]), cache=cache, use_cache=True)
+        forward_cached(model, torch.tensor([prefix]), cache)
     recs = data.generate_batch(model, cache, len(prefix), suffixes, greedy, 8, 0.8, 5, 0, hidden)
     lengths = [len(r["gen"]) for r in recs]
     assert min(lengths) < 8 and max(lengths) == 8  # some rows finish early, some run to max_new
@@ -1263,7 +1259,6 @@ def test_generate_batch_rows_are_what_the_target_says_to_each_prompt_alone(stage
             assert r["gen"].tolist() == a["gen"].tolist()
 
 
-@NEEDS_TRANSFORMERS_5
 def test_generate_batch_samples_at_the_temperature_from_its_seeded_generator(stages):
     """A sampled row draws each token from softmax(logits / temperature) with the batch's generator (seeded by
     ``seed``): the same draws as a plain loop over full forwards with that generator, and other draws at T = 1."""
@@ -1274,7 +1269,7 @@ def test_generate_batch_samples_at_the_temperature_from_its_seeded_generator(sta
     prefix, suffix = [5, 9, 13], [20, 31, 7]
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
-        model(input_ids=torch.tensor([prefix]), cache=cache, use_cache=True)
+        forward_cached(model, torch.tensor([prefix]), cache)
     got = [data.generate_batch(model, cache, 3, [suffix], [False], 10, t, 4, 11)[0]["gen"].tolist() for t in (0.5, 1.0)]
     g, seq = torch.Generator().manual_seed(11), prefix + suffix
     for _ in range(10):

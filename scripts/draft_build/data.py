@@ -21,6 +21,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from specdec_edu.kv import forward_cached
+
 from .prompts import build_prompts
 
 EOS_ID = 2  # SmolLM2's <|im_end|>: ends every answer
@@ -72,8 +74,8 @@ def generate_batch(model, prefix_cache, n_prefix, suffixes, greedy, max_new, tem
     pos = (n_prefix + smask.cumsum(1) - 1).clamp(min=n_prefix)
     cache = copy.deepcopy(prefix_cache)
     cache.batch_repeat_interleave(B)
-    logits = model(input_ids=ids, attention_mask=am, position_ids=pos, cache=cache, use_cache=True,
-                   logits_to_keep=1).logits[:, -1]
+    # forward_cached passes the cache under the keyword this transformers takes (cache= on 5.x, past_key_values= on 4.x)
+    logits = forward_cached(model, ids, cache, attention_mask=am, position_ids=pos, logits_to_keep=1).logits[:, -1]
     cur_pos = pos[:, -1].clone()
     rows = torch.arange(B)
     greedy_t = torch.tensor(greedy, dtype=torch.bool)
@@ -108,8 +110,7 @@ def generate_batch(model, prefix_cache, n_prefix, suffixes, greedy, max_new, tem
             am, cur_pos, nxt, rows = am[idx], cur_pos[idx], nxt[idx], rows[idx]
         am = torch.cat([am, torch.ones((len(rows), 1), dtype=am.dtype)], 1)
         cur_pos = cur_pos + 1
-        logits = model(input_ids=nxt[:, None], attention_mask=am, position_ids=cur_pos[:, None], cache=cache,
-                       use_cache=True).logits[:, -1]
+        logits = forward_cached(model, nxt[:, None], cache, attention_mask=am, position_ids=cur_pos[:, None]).logits[:, -1]
     out = []
     for r in recs:
         out.append({
