@@ -665,3 +665,99 @@ def test_models_are_loaded_in_one_place():
                for n, line in enumerate(path.read_text().splitlines(), 1)
                if "ForCausalLM.from_pretrained(" in line and not line.lstrip().startswith(("#", '"""', "``"))]
     assert [caller.split(":")[0] for caller in callers] == ["specdec_edu/models/weights.py"], callers
+
+
+@pytest.mark.parametrize("as_4x", [False, True], ids=["installed", "as-transformers-4"])
+def test_a_tokenizer_saved_by_transformers_5_loads_on_every_version(tmp_path, char_tokenizer, monkeypatch, as_4x):
+    """transformers 5 saves a fast tokenizer as class ``TokenizersBackend``, which 4.x lacks: a cache converted
+    under 5 stopped every notebook under 4.56 ("Tokenizer class TokenizersBackend does not exist"). Read through
+    ``weights.load_tokenizer`` it gives the same ids, special tokens and chat template, quietly. ``as-transformers-4``
+    runs the 4.x branch on whatever is installed; on 4.x itself (CI's step 2) ``installed`` is the real case, and
+    there the plain ``AutoTokenizer`` is shown to fail (the negative control)."""
+    import json
+    import logging
+
+    import transformers
+    from transformers import AutoTokenizer
+
+    char_tokenizer.save_pretrained(tmp_path)
+    config = tmp_path / "tokenizer_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "tokenizer_class": "TokenizersBackend"}))
+    if int(transformers.__version__.split(".")[0]) < 5:
+        with pytest.raises(ValueError, match="TokenizersBackend"):
+            AutoTokenizer.from_pretrained(tmp_path)
+    if as_4x:
+        monkeypatch.setattr(transformers, "__version__", "4.56.2")
+    warnings = []  # transformers' loggers print to the stream they found at import, and do not propagate
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = warnings.append
+    logging.getLogger("transformers").addHandler(handler)
+    try:
+        loaded = weights.load_tokenizer(tmp_path)
+    finally:
+        logging.getLogger("transformers").removeHandler(handler)
+    assert [w.getMessage() for w in warnings] == [], "4.x's warning that the saved class differs reached the learner"
+    text = "Hi <|im_start|>there!<|im_end|>"
+    messages = [{"role": "user", "content": "What is 2 + 2?"}]
+    assert loaded(text).input_ids == char_tokenizer(text).input_ids
+    assert (loaded.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            == char_tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False))
+    assert (loaded.eos_token_id, loaded.bos_token_id, loaded.pad_token_id, len(loaded)) == (
+        char_tokenizer.eos_token_id, char_tokenizer.bos_token_id, char_tokenizer.pad_token_id, len(char_tokenizer))
+
+
+def test_every_tokenizer_read_from_a_folder_goes_through_load_tokenizer():
+    """Package and scripts read a saved tokenizer only through ``weights.load_tokenizer`` (the test above); the
+    Hub's pairs (``AutoTokenizer.from_pretrained(hub id)``) and the GGUF read at conversion keep transformers' own."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    files = [path for folder in ("specdec_edu", "scripts") for path in (root / folder).rglob("*.py")]
+    callers = sorted(str(path.relative_to(root)) for path in files for line in path.read_text().splitlines()
+                     if "AutoTokenizer.from_pretrained(" in line and not line.lstrip().startswith(("#", '"""', "``")))
+    hub, gguf, folder = "specdec_edu/models/embedded.py", "specdec_edu/models/weights.py", "specdec_edu/models/weights.py"
+    assert callers == [hub, gguf, folder], callers
+
+
+def rope_base(model) -> float:
+    """The RoPE base a loaded model computes with, read from its rotary embedding (the same buffer on 4.x and 5):
+    ``inv_freq[1] = base ** (-2 / head_dim)``, in float32."""
+    inv_freq = model.model.rotary_emb.inv_freq.double()
+    head_dim = 2 * len(inv_freq)
+    return float(inv_freq[1] ** (-head_dim / 2))
+
+
+@pytest.mark.parametrize("base", [100_000.0, 10_000.0])
+def test_a_checkpoint_saved_by_transformers_5_keeps_its_rope_base_on_every_version(tmp_path, base):
+    """transformers 5 writes the RoPE base only as ``rope_parameters``; 4.x ignored that key and ran SmolLM2's
+    checkpoints (the committed draft, a cache converted under 5) with its default base, 10,000 instead of 100,000:
+    other logits, silently (found by executing the notebooks on 4.56.2). ``load_causal_lm`` carries the base over:
+    the loaded model's logits equal the model that was saved. Two bases, so that a loader that ignored the entry
+    fails one of them on every version; on 4.x itself (CI's step 2) the 100,000 case is the real one."""
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256, rope_theta=base)
+    saved = LlamaForCausalLM(config).eval()
+    saved.save_pretrained(tmp_path)
+    written = json.loads((tmp_path / "config.json").read_text())  # as transformers 5 writes it, whatever wrote it here
+    written = {key: value for key, value in written.items() if key not in ("rope_theta", "rope_scaling")}
+    written["rope_parameters"] = {"rope_theta": base, "rope_type": "default"}
+    (tmp_path / "config.json").write_text(json.dumps(written))
+
+    loaded = weights.load_causal_lm(tmp_path, torch.float32).eval()
+    assert rope_base(loaded) == pytest.approx(base, rel=1e-4)  # inv_freq is float32
+    ids = torch.randint(64, (1, 200), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, saved(ids).logits)
+
+
+def test_the_committed_draft_runs_with_smollm2s_rope_base():
+    """The committed draft was saved by transformers 5.24 (``rope_parameters`` only); on every version it must run
+    with SmolLM2's base, as it was trained."""
+    assert rope_base(embedded.load_embedded_draft(device="cpu")) == pytest.approx(100_000.0, rel=1e-4)
+
+
+def test_the_random_target_has_smollm2s_rope_base(monkeypatch):
+    """``SPECDEC_EDU_RANDOM_TARGET``'s stand-in is built with the key both versions read (``rope_theta``)."""
+    with pytest.warns(UserWarning, match="random weights"):
+        assert rope_base(embedded.random_embedded_target()) == pytest.approx(100_000.0, rel=1e-4)

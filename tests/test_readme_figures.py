@@ -25,6 +25,7 @@ from specdec_edu.theory import expected_speedup
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "assets" / "results"
+OLDEST_TRANSFORMERS = RESULTS / "notebooks_transformers_4.56.2_cpu_2026-12-06.txt"
 H200 = RESULTS / "gpu_h200_2026-11-30"
 
 
@@ -88,6 +89,11 @@ log_results = functools.partial(log, folder=RESULTS)  # a number in a text file 
 def passed_rows(table: str) -> list[str]:
     """The notebooks with a "pass" row in a table of ``scripts/execute_notebooks.py``."""
     return re.findall(r"^(\d\d_\w+\.ipynb)\s+\d+\s+[\d.]+\s+pass", table, re.MULTILINE)
+
+
+def oldest_transformers_table(k: int) -> str:
+    """Section ``k`` of the notebooks-on-transformers-4.56.2 record: 1 before the RoPE fix, 2 the control, 3 after."""
+    return OLDEST_TRANSFORMERS.read_text().split("## ")[k]
 
 
 def passed(call: str) -> list[str]:
@@ -339,6 +345,11 @@ FIGURES: list[tuple[str, list]] = [
                                log2(FP16, r"c = ([\d.]+), verify")(), log2(FP16, r"verify of γ \+ 1 tokens = ([\d.]+) steps")()),
       log2(FP16, r"prompt\(s\), (\d+) new tokens")]),
     (rf"reach the first token in {NUM} s cold and {NUM} s warm", [cold_row("cold"), cold_row("warm")]),
+    (rf"with their full\s+settings and seed 16: all {NUM} passed their prose checks",
+     [lambda: len(passed_rows(oldest_transformers_table(3)))]),
+    (rf"silently, and {NUM} of the {NUM} notebooks failed some of their claims",
+     [lambda: len(re.findall(r"^\d\d_\S+\s+\d+\s+[\d.]+\s+FAIL: \d+ of \d+ checks", oldest_transformers_table(1), re.MULTILINE)),
+      lambda: len(re.findall(r"^\d\d_", oldest_transformers_table(1), re.MULTILINE))]),
     (rf"all {NUM} pass in the quick mode in bf16 and in fp16",  # both tables: every row passes
      [lambda: min(len(passed_rows(table))
                   for table in (RESULTS / "notebooks_16bit_cpu_2026-12-04.txt").read_text().split("## ")[1:])]),

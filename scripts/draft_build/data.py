@@ -22,6 +22,7 @@ import torch
 from tqdm.auto import tqdm
 
 from specdec_edu.kv import forward_cached
+from specdec_edu.models.weights import load_causal_lm, load_tokenizer  # own layers; a tokenizer 4.x and 5 both read
 
 from .prompts import build_prompts
 
@@ -43,11 +44,7 @@ def shared_prefix(tok) -> list[int]:
 
 
 def load_target(path):
-    from transformers import AutoTokenizer
-
-    from specdec_edu.models.weights import load_causal_lm  # the model's own layers, never hub kernels
-
-    tok = AutoTokenizer.from_pretrained(path)
+    tok = load_tokenizer(path)
     model = load_causal_lm(path, torch.float32).eval()
     model.requires_grad_(False)
     return model, tok
@@ -158,10 +155,8 @@ def gen_worker(wid, batches, cfg):
 
 
 def stage_data(args, log):
-    from transformers import AutoTokenizer
-
     datadir = Path(args.workdir) / "data"
-    tok = AutoTokenizer.from_pretrained(args.target)
+    tok = load_tokenizer(args.target)
     prompts = build_prompts(args.n_prompts, args.seed)
     prefix = shared_prefix(tok)
     meta = {"n_prompts": args.n_prompts, "seed": args.seed, "max_new": args.max_new, "topk": args.topk,
@@ -220,9 +215,7 @@ def load_data(args):
     datadir = Path(args.workdir) / "data"
     meta = json.loads((datadir / "meta.json").read_text())
     prefix = meta["prefix"]
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(args.target)
+    tok = load_tokenizer(args.target)
     exs = []
     for f in sorted(datadir.glob("batch_*.pt")):
         for r in torch.load(f, weights_only=False):

@@ -279,7 +279,9 @@ def stage_train(args, log):
 
 
 def stage_save(args, log, k_final):
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from specdec_edu.models.weights import load_tokenizer
 
     ck = torch.load(Path(args.workdir) / "draft_fp32.pt", weights_only=False)
     cfg = LlamaConfig.from_dict(ck["config"])
@@ -298,7 +300,7 @@ def stage_save(args, log, k_final):
     c["dtype"] = "float32"
     c["draft_vocab_size"] = int(k_final)
     (out / "config.json").write_text(json.dumps(c, indent=2, sort_keys=True) + "\n")
-    tok = AutoTokenizer.from_pretrained(args.target)
+    tok = load_tokenizer(args.target)
     tok.save_pretrained(out)
     # transformers 5 records its own backend class ("TokenizersBackend"), which 4.x cannot resolve; SmolLM2's
     # original class name reads the same tokenizer.json in both (SPECDEC_EDU_RANDOM_TARGET loads it from here)

@@ -181,7 +181,7 @@ def random_embedded_target(seed: int = 0):
                   stacklevel=3)
     config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                          num_attention_heads=9, num_key_value_heads=3, head_dim=64, max_position_embeddings=8192,
-                         rms_norm_eps=1e-5, rope_parameters={"rope_theta": 100000.0, "rope_type": "default"},
+                         rms_norm_eps=1e-5, rope_theta=100000.0,  # the key 4.x and 5 both read
                          tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2)
     with torch.random.fork_rng(devices=[]):  # seeded, without reseeding the caller's CPU or GPU generators
         torch.random.default_generator.manual_seed(seed)
@@ -191,9 +191,7 @@ def random_embedded_target(seed: int = 0):
 def load_embedded_tokenizer():
     """The tokenizer shared by the embedded target and draft (SmolLM2's, with its chat template). With
     ``$SPECDEC_EDU_RANDOM_TARGET=1`` it is read from the draft's folder (the same tokenizer), with no download."""
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(draft_dir() if random_target() else weights.ensure_embedded_target())
+    return weights.load_tokenizer(draft_dir() if random_target() else weights.ensure_embedded_target())
 
 
 def load_embedded_draft(device=None, dtype=None):

@@ -53,6 +53,8 @@ __all__ = [
     "convert_gguf",
     "ensure_embedded_target",
     "load_causal_lm",
+    "config_for_transformers_4",
+    "load_tokenizer",
 ]
 
 # --------------------------------------------------------------------------------------
@@ -208,10 +210,63 @@ def load_causal_lm(path_or_id, dtype: torch.dtype, **kwargs):
     need, and a swapped layer rounds differently from the one the course verifies and times. Every transformers this
     package supports (4.56 on) takes ``use_kernels=False``. Every model this package reads from files or the Hub
     comes through here.
+
+    A checkpoint that transformers 5 saved (the committed draft; a cache converted under 5) keeps its RoPE base only
+    in ``rope_parameters``, a key 4.x does not read: there the model would silently run with 4.x's default base,
+    10,000 instead of SmolLM2's 100,000, and compute other logits. :func:`config_for_transformers_4` carries it over
+    for a local folder; a model from the Hub is read as the installed transformers reads it.
     """
+    import transformers
     from transformers import AutoModelForCausalLM
 
+    old_transformers = int(transformers.__version__.split(".")[0]) < 5
+    if old_transformers and Path(path_or_id).is_dir() and "gguf_file" not in kwargs and "config" not in kwargs:
+        kwargs["config"] = config_for_transformers_4(path_or_id)
     return AutoModelForCausalLM.from_pretrained(path_or_id, dtype=dtype, use_kernels=False, **kwargs)
+
+
+def config_for_transformers_4(path_or_id):
+    """``AutoConfig.from_pretrained(path_or_id)`` on transformers 4.x, with a transformers-5 RoPE entry carried over.
+
+    transformers 5 writes ``"rope_parameters": {"rope_theta": …, "rope_type": …}`` where 4.x wrote ``rope_theta``
+    (and ``rope_scaling`` for the other types). 5 reads both; 4.x reads only its own, keeps ``rope_parameters`` as an
+    inert attribute and falls back to its default base. Copying the entry over gives 4.x the model 5 saved.
+    """
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path_or_id)
+    rope = getattr(config, "rope_parameters", None)
+    if isinstance(rope, dict) and "rope_theta" in rope:
+        config.rope_theta = rope["rope_theta"]
+        if rope.get("rope_type", "default") != "default":  # 4.x keeps the type and its settings in rope_scaling
+            config.rope_scaling = {key: value for key, value in rope.items() if key != "rope_theta"}
+    return config
+
+
+def load_tokenizer(path: Path):
+    """``AutoTokenizer.from_pretrained(path)`` for a tokenizer saved in a local folder, by whichever transformers
+    this package supports.
+
+    transformers 5 saves a fast tokenizer under the class name ``TokenizersBackend``, which 4.x lacks ("Tokenizer
+    class TokenizersBackend does not exist"). A cache converted under 5 and read under 4 (two environments sharing
+    ``~/.cache/specdec_edu``) would stop there. What 5 saved is a ``tokenizer.json`` that 4.x reads as a
+    ``PreTrainedTokenizerFast``: the same ids, special tokens and chat template (tests/test_embedded.py), so on 4.x
+    that class reads it.
+    """
+    import transformers
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    from transformers.utils import logging as hf_logging
+
+    config = Path(path) / "tokenizer_config.json"
+    saved_class = json.loads(config.read_text()).get("tokenizer_class") if config.is_file() else None
+    if saved_class == "TokenizersBackend" and int(transformers.__version__.split(".")[0]) < 5:
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()  # 4.x warns that the saved class differs from the one reading it: on purpose
+        try:
+            return PreTrainedTokenizerFast.from_pretrained(path)
+        finally:
+            hf_logging.set_verbosity(verbosity)
+    return AutoTokenizer.from_pretrained(path)
 
 
 # --------------------------------------------------------------------------------------
