@@ -969,3 +969,50 @@ def test_target_only_baseline_samples_at_the_speculative_runs_temperature():
                                             generator=torch.Generator().manual_seed(4)).sequences.tolist()
     assert run(do_sample=True, generator=torch.Generator().manual_seed(4)) == ref(0.7) != ref(1.0)
     assert run() == autoregressive_generate(target, ids, max_new_tokens=12).sequences.tolist()
+
+
+def test_evaluate_reports_every_drafter_and_gamma_from_its_own_runs(monkeypatch, tmp_path, char_tokenizer):
+    """train_feature_drafters.evaluate on a tiny chat target (two held-out prompts, 6 tokens): a row per drafter and
+    γ, with α per draft position (γ entries), the speedup as the ratio of the run's tokens/s to target-only's, both of
+    Leviathan's predictions from the row's own α, γ, c and verify cost, greedy identity with target-only, and a
+    sampled run at the γ that measured fastest, with the EOS of ``<|im_end|>``. A run whose output differs (its last
+    token changed) is reported as not identical: the flag can fail."""
+    from specdec_edu import expected_speedup
+
+    script = load_script()
+    torch.manual_seed(0)
+    target = tiny_llama(seed=0, vocab_size=len(char_tokenizer), hidden=32, max_positions=512)
+    MedusaDrafter(target, n_heads=3).save(tmp_path / "medusa")
+    eos = char_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    seen_eos = set()
+    real = script.speculative_generate
+    monkeypatch.setattr(script, "speculative_generate", lambda *a, **kw: seen_eos.add(kw["eos_token_id"]) or real(*a, **kw))
+
+    def run():
+        return script.evaluate(target, char_tokenizer, ["prompt-lookup", "medusa"], gammas=(2, 3), max_new_tokens=6,
+                               n_prompts=2, seed=0, weights=tmp_path)
+
+    report = run()
+    assert (report["prompts"], report["max_new_tokens"], report["repeats"]) == (2, 6, 1) and seen_eos == {eos}
+    for kind in ("prompt-lookup", "medusa"):
+        rows = report["drafters"][kind]
+        assert set(rows) == {2, 3, "sampled_T0.7"}
+        for g in (2, 3):
+            row = rows[g]
+            assert row["identical"] is True and len(row["alpha_per_position"]) == g
+            assert row["speedup"] == pytest.approx(row["tok_s"] / report["target_only_tok_s"])
+            alpha = min(row["alpha"], 0.999)
+            assert row["predicted"] == pytest.approx(expected_speedup(alpha, g, row["c"]))
+            assert row["predicted_with_verify_cost"] == pytest.approx(expected_speedup(alpha, g, row["c"], row["verify_cost"]))
+        sampled = rows["sampled_T0.7"]
+        assert sampled["gamma"] == max((2, 3), key=lambda g: rows[g]["speedup"])
+        assert sampled["speedup"] == pytest.approx(sampled["tok_s"]["speculative"] / sampled["tok_s"]["target_only"])
+
+    def one_token_off(*a, **kw):
+        out = real(*a, **kw)
+        out.sequences[0, -1] = (out.sequences[0, -1] + 1) % len(char_tokenizer)
+        return out
+
+    monkeypatch.setattr(script, "speculative_generate", one_token_off)
+    report = run()
+    assert not any(report["drafters"][kind][g]["identical"] for kind in ("prompt-lookup", "medusa") for g in (2, 3))

@@ -348,7 +348,7 @@ FIGURES: list[tuple[str, list]] = [
     (rf"reach the first token in {NUM} s cold and {NUM} s warm", [cold_row("cold"), cold_row("warm")]),
     (rf"with their full\s+settings and seed 16: all {NUM} passed their prose checks",
      [lambda: len(passed_rows(oldest_transformers_table(3)))]),
-    (rf"only times differ\. So did all {NUM} on 5\.2\.0, the oldest 5\.x",
+    (rf"at the same seed\. So did all\s+{NUM} on 5\.2\.0, the oldest 5\.x",
      [lambda: len(passed_rows(oldest_transformers_table(5)))]),
     (rf"silently, and {NUM} of the {NUM} notebooks failed some of their claims",
      [lambda: len(re.findall(r"^\d\d_\S+\s+\d+\s+[\d.]+\s+FAIL: \d+ of \d+ checks", oldest_transformers_table(1), re.MULTILINE)),
