@@ -732,8 +732,9 @@ def test_a_checkpoint_saved_by_transformers_5_keeps_its_rope_base_on_every_versi
     """transformers 5 writes the RoPE base only as ``rope_parameters``; 4.x ignored that key and ran SmolLM2's
     checkpoints (the committed draft, a cache converted under 5) with its default base, 10,000 instead of 100,000:
     other logits, silently (found by executing the notebooks on 4.56.2). ``load_causal_lm`` carries the base over:
-    the loaded model's logits equal the model that was saved. Two bases, so that a loader that ignored the entry
-    fails one of them on every version; on 4.x itself (CI's step 2) the 100,000 case is the real one."""
+    the loaded model's logits equal the model that was saved. Two bases: on 4.x (CI's step 2) a loader that ignored
+    the entry fails the first (4.x's default is the second), and one that gave every model SmolLM2's base fails the
+    second. transformers 5 reads the entry itself, so there both pass with or without the carry-over."""
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256, rope_theta=base)
@@ -757,7 +758,7 @@ def test_the_committed_draft_runs_with_smollm2s_rope_base():
     assert rope_base(embedded.load_embedded_draft(device="cpu")) == pytest.approx(100_000.0, rel=1e-4)
 
 
-def test_the_random_target_has_smollm2s_rope_base(monkeypatch):
+def test_the_random_target_has_smollm2s_rope_base():
     """``SPECDEC_EDU_RANDOM_TARGET``'s stand-in is built with the key both versions read (``rope_theta``)."""
     with pytest.warns(UserWarning, match="random weights"):
         assert rope_base(embedded.random_embedded_target()) == pytest.approx(100_000.0, rel=1e-4)
