@@ -25,7 +25,7 @@ from specdec_edu.theory import expected_speedup
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "assets" / "results"
-OLDEST_TRANSFORMERS = RESULTS / "notebooks_older_transformers_cpu_2026-12-06.txt"
+OLDER_TRANSFORMERS = RESULTS / "notebooks_older_transformers_cpu_2026-12-06.txt"
 H200 = RESULTS / "gpu_h200_2026-11-30"
 
 
@@ -91,10 +91,10 @@ def passed_rows(table: str) -> list[str]:
     return re.findall(r"^(\d\d_\w+\.ipynb)\s+\d+\s+[\d.]+\s+pass", table, re.MULTILINE)
 
 
-def oldest_transformers_table(k: int) -> str:
+def older_transformers_table(k: int) -> str:
     """Section ``k`` of the older-transformers record: 4.56.2 before the RoPE fix (1), 5.25.0 (2), 4.56.2 after (3),
     the values compared (4), 5.2.0 (5)."""
-    return OLDEST_TRANSFORMERS.read_text().split("## ")[k]
+    return OLDER_TRANSFORMERS.read_text().split("## ")[k]
 
 
 def passed(call: str) -> list[str]:
@@ -347,12 +347,12 @@ FIGURES: list[tuple[str, list]] = [
       log2(FP16, r"prompt\(s\), (\d+) new tokens")]),
     (rf"reach the first token in {NUM} s cold and {NUM} s warm", [cold_row("cold"), cold_row("warm")]),
     (rf"with their full\s+settings and seed 16: all {NUM} passed their prose checks",
-     [lambda: len(passed_rows(oldest_transformers_table(3)))]),
+     [lambda: len(passed_rows(older_transformers_table(3)))]),
     (rf"at the same seed\. So did all\s+{NUM} on 5\.2\.0, the oldest 5\.x",
-     [lambda: len(passed_rows(oldest_transformers_table(5)))]),
+     [lambda: len(passed_rows(older_transformers_table(5)))]),
     (rf"silently, and {NUM} of the {NUM} notebooks failed some of their claims",
-     [lambda: len(re.findall(r"^\d\d_\S+\s+\d+\s+[\d.]+\s+FAIL: \d+ of \d+ checks", oldest_transformers_table(1), re.MULTILINE)),
-      lambda: len(re.findall(r"^\d\d_", oldest_transformers_table(1), re.MULTILINE))]),
+     [lambda: len(re.findall(r"^\d\d_\S+\s+\d+\s+[\d.]+\s+FAIL: \d+ of \d+ checks", older_transformers_table(1), re.MULTILINE)),
+      lambda: len(re.findall(r"^\d\d_", older_transformers_table(1), re.MULTILINE))]),
     (rf"all {NUM} pass in the quick mode in bf16 and in fp16",  # both tables: every row passes
      [lambda: min(len(passed_rows(table))
                   for table in (RESULTS / "notebooks_16bit_cpu_2026-12-04.txt").read_text().split("## ")[1:])]),
