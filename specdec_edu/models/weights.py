@@ -216,13 +216,19 @@ def load_causal_lm(path_or_id, dtype: torch.dtype, **kwargs):
     10,000 instead of SmolLM2's 100,000, and compute other logits. :func:`config_for_transformers_4` carries it over
     for a local folder; a model from the Hub is read as the installed transformers reads it.
     """
-    import transformers
     from transformers import AutoModelForCausalLM
 
-    old_transformers = int(transformers.__version__.split(".")[0]) < 5
-    if old_transformers and Path(path_or_id).is_dir() and "gguf_file" not in kwargs and "config" not in kwargs:
+    if _before_transformers_5() and Path(path_or_id).is_dir() and "gguf_file" not in kwargs and "config" not in kwargs:
         kwargs["config"] = config_for_transformers_4(path_or_id)
     return AutoModelForCausalLM.from_pretrained(path_or_id, dtype=dtype, use_kernels=False, **kwargs)
+
+
+def _before_transformers_5() -> bool:
+    """True on transformers 4.x, which reads some of what transformers 5 saves otherwise (:func:`load_causal_lm`,
+    :func:`load_tokenizer`). Read at each call, not at import: the tests fake the version."""
+    import transformers
+
+    return int(transformers.__version__.split(".")[0]) < 5
 
 
 def config_for_transformers_4(path_or_id):
@@ -253,13 +259,12 @@ def load_tokenizer(path: Path):
     ``PreTrainedTokenizerFast``: the same ids, special tokens and chat template (tests/test_embedded.py), so on 4.x
     that class reads it.
     """
-    import transformers
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
     from transformers.utils import logging as hf_logging
 
     config = Path(path) / "tokenizer_config.json"
     saved_class = json.loads(config.read_text()).get("tokenizer_class") if config.is_file() else None
-    if saved_class == "TokenizersBackend" and int(transformers.__version__.split(".")[0]) < 5:
+    if saved_class == "TokenizersBackend" and _before_transformers_5():
         verbosity = hf_logging.get_verbosity()
         hf_logging.set_verbosity_error()  # 4.x warns that the saved class differs from the one reading it: on purpose
         try:
