@@ -27,6 +27,47 @@ os.environ.setdefault("SPECDEC_EDU_QUICK", "1")
 os.environ.pop("SPECDEC_EDU_COMPILE", None)
 
 
+# ---- pytest-xdist (`-n auto`, the README's commands): workers share the machine ---------------------------------------
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def memory_gib() -> float | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (AttributeError, ValueError, OSError):  # not a POSIX system that says
+        return None
+
+
+GIB_PER_WORKER = 3  # torch and transformers (~1.1 GB per worker) plus, while it runs a notebook, its kernel (~1.2 GB)
+
+
+def auto_workers(cores: int, memory: float | None) -> int:
+    """``-n auto``: a worker per core, as many as the memory holds (64 cores and 32 GiB get 10 workers, not 64)."""
+    return max(1, cores if memory is None else min(cores, int(memory // GIB_PER_WORKER)))
+
+
+def kernel_threads(cores: int, workers: int) -> int:
+    """The torch threads of a process a worker starts: its share of the cores."""
+    return max(1, cores // workers)
+
+
+def pytest_xdist_auto_num_workers(config):
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # the user's number: pytest-xdist reads it
+    return auto_workers(usable_cores(), memory_gib())
+
+
+# A notebook's kernel (and a script a test runs) is a process of its own: it inherits this environment, not the
+# torch.set_num_threads above, and would start a thread per core. Beside a second worker that oversubscribes the
+# cores, and OpenMP threads that wait by spinning then slow everything down: with two kernels of two threads each on
+# two cores, the README's command had run 19 min when it was stopped (2026-12-06); with one thread each it took 11 min,
+# against 15 min without xdist. A thread count the shell set stays.
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    os.environ.setdefault("OMP_NUM_THREADS",
+                          str(kernel_threads(usable_cores(), int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
+
+
 def tiny_llama(seed: int, vocab_size: int = 64, hidden: int = 64, layers: int = 2, init: float = 0.2, max_positions: int = 256):
     """A random LlamaForCausalLM. ``init`` (the weights' std) sets how peaked its next-token
     distributions are: 0.2 gives a top token with ~40 % mass and draft/target pairs whose

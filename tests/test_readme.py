@@ -41,6 +41,15 @@ def number(text: str) -> float:
     return float(text.replace("×", ""))
 
 
+def test_ci_runs_the_readmes_test_command():
+    """CI calls the README's test command: its pytest, as the README writes it, is a line of ``.ci/run``."""
+    installs = [line for line in re.findall(r"^python3 -m venv .*$", README, re.MULTILINE) if '".[test]"' in line]
+    assert len(installs) == 1, installs
+    pytest_command = installs[0].rsplit(" && ", 1)[1]
+    assert pytest_command.startswith(".venv/bin/python -m pytest"), pytest_command
+    assert pytest_command in (ROOT / ".ci" / "run").read_text().splitlines()
+
+
 # --- structure ---------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("title", ["Cheat-sheet", "FAQ", "References"])

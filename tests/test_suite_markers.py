@@ -1,7 +1,11 @@
-"""The `slow` marker's list (tests/conftest.py) names tests that exist, and none of the exactness tests."""
+"""The `slow` marker's list (tests/conftest.py) names tests that exist, and none of the exactness tests; the workers
+that ``-n auto`` starts fit the machine's memory, and a process a worker starts takes only its share of the cores."""
 
 import ast
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import conftest
@@ -41,3 +45,32 @@ def test_every_slow_test_exists_and_none_is_an_exactness_test():
 def test_the_guard_finds_an_exactness_test_put_on_the_slow_list(name):
     """The control: each of these, added to the list, is found (by its name, or for test_verify.py by its file)."""
     assert exactness_slow({*conftest.SLOW, name}) == [name]
+
+
+@pytest.mark.parametrize("cores, memory, workers", [(2, 23.4, 2), (64, 32.0, 10), (8, 2.0, 1), (4, None, 4), (1, 512.0, 1)])
+def test_auto_gives_a_worker_per_core_as_many_as_memory_holds(cores, memory, workers):
+    assert conftest.auto_workers(cores, memory) == workers
+
+
+def test_a_worker_count_the_user_set_is_left_to_xdist(monkeypatch):
+    monkeypatch.setenv("PYTEST_XDIST_AUTO_NUM_WORKERS", "3")
+    assert conftest.pytest_xdist_auto_num_workers(config=None) is None
+    monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS")
+    assert conftest.pytest_xdist_auto_num_workers(config=None) == conftest.auto_workers(conftest.usable_cores(),
+                                                                                         conftest.memory_gib())
+
+
+@pytest.mark.parametrize("cores, workers, threads", [(2, 2, 1), (16, 4, 4), (2, 4, 1), (3, 2, 1)])
+def test_a_started_process_gets_its_workers_share_of_the_cores(cores, workers, threads):
+    assert conftest.kernel_threads(cores, workers) == threads
+
+
+def test_a_process_started_under_xdist_runs_torch_on_its_share():
+    """In this session: a fresh interpreter (as a notebook's kernel is one) runs torch on as many threads as
+    ``OMP_NUM_THREADS`` says, which conftest sets under xdist."""
+    if "OMP_NUM_THREADS" not in os.environ:
+        assert int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) == 1, "conftest sets it under xdist"
+        pytest.skip("not under xdist, and the shell did not set OMP_NUM_THREADS: a process takes torch's default")
+    threads = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    assert int(threads) == int(os.environ["OMP_NUM_THREADS"])
