@@ -61,8 +61,8 @@ def pytest_xdist_auto_num_workers(config):
 # A notebook's kernel (and a script a test runs) is a process of its own: it inherits this environment, not the
 # torch.set_num_threads above, and would start a thread per core. Beside a second worker that oversubscribes the
 # cores, and OpenMP threads that wait by spinning then slow everything down: with two kernels of two threads each on
-# two cores, the README's command had run 19 min when it was stopped (2026-12-06); with one thread each it took 11 min,
-# against 15 min without xdist. A thread count the shell set stays.
+# two cores, the README's command was at 78 % after 20 min and was stopped (2026-12-06); with one thread each it took
+# 11 min, against 21 min 44 s without xdist on the same machine. A thread count the shell set stays.
 if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
     os.environ.setdefault("OMP_NUM_THREADS",
                           str(kernel_threads(usable_cores(), int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
