@@ -52,6 +52,7 @@ def kernel_threads(cores: int, workers: int) -> int:
     return max(1, cores // workers)
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest without pytest-xdist (the GPU image's) does not know the hook
 def pytest_xdist_auto_num_workers(config):
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
         return None  # the user's number: pytest-xdist reads it
@@ -191,6 +192,7 @@ SLOW = {  # "file::test function" (every parametrization): why it is slow
     "test_gpu_check.py::test_gpu_check_runs_at_tiny_size_on_every_path": "scripts/gpu_check.py end to end, compiled",
     "test_bench.py::test_bench_compiled_runs_the_eager_twins_beside": "the bench, compiled, with eager twins beside",
     "test_embedded.py::test_loading_from_the_cache_needs_neither_gguf_nor_accelerate": "a fresh Python interpreter",
+    "test_suite_markers.py::test_the_suite_runs_where_pytest_xdist_is_not_installed": "a fresh pytest process",
     "test_compiled.py::test_a_compiled_cache_compiles_every_width_when_it_is_made": "compiles every width of a cache",
     "test_gpu_check.py::test_goals_runs_only_the_compiled_rows_and_the_peers": "scripts/gpu_check.py end to end, compiled",
     "test_gpu_check.py::test_the_dial_replays_the_measured_paths_own_target_output": "scripts/gpu_check.py end to end",

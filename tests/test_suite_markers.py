@@ -74,3 +74,13 @@ def test_a_process_started_under_xdist_runs_torch_on_its_share():
     threads = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
                              capture_output=True, text=True, check=True).stdout.strip()
     assert int(threads) == int(os.environ["OMP_NUM_THREADS"])
+
+
+def test_the_suite_runs_where_pytest_xdist_is_not_installed():
+    """The GPU image has pytest without pytest-xdist; there conftest's ``-n auto`` hook must not stop the suite
+    (pytest refuses a conftest hook that no plugin declares, unless it is marked optional)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:cacheprovider", "-o", "addopts=",
+                           "-q", f"{TESTS / 'test_suite_markers.py'}::test_every_slow_test_exists_and_none_is_an_exactness_test"],
+                          capture_output=True, text=True, cwd=TESTS.parent, env=env)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
