@@ -93,7 +93,7 @@ def passed_rows(table: str) -> list[str]:
 
 def older_transformers_table(k: int) -> str:
     """Section ``k`` of the older-transformers record: 4.56.2 before the RoPE fix (1), 5.25.0 (2), 4.56.2 after (3),
-    the values compared (4), 5.2.0 (5)."""
+    the values compared (4), 5.2.0 (5), 5.17.0 on another machine (6)."""
     return OLDER_TRANSFORMERS.read_text().split("## ")[k]
 
 
@@ -350,6 +350,9 @@ FIGURES: list[tuple[str, list]] = [
      [lambda: len(passed_rows(older_transformers_table(3)))]),
     (rf"at the same seed\. So did all\s+{NUM} on 5\.2\.0, the oldest 5\.x",
      [lambda: len(passed_rows(older_transformers_table(5)))]),
+    (rf"On 5\.17\.0, the version the GPU checks of issue 24 will meet, {NUM} of {NUM} passed",
+     [lambda: len(passed_rows(older_transformers_table(6))),
+      lambda: len(re.findall(r"^\d\d_", older_transformers_table(6), re.MULTILINE))]),
     (rf"silently, and {NUM} of the {NUM} notebooks failed some of their claims",
      [lambda: len(re.findall(r"^\d\d_\S+\s+\d+\s+[\d.]+\s+FAIL: \d+ of \d+ checks", older_transformers_table(1), re.MULTILINE)),
       lambda: len(re.findall(r"^\d\d_", older_transformers_table(1), re.MULTILINE))]),
