@@ -350,7 +350,7 @@ FIGURES: list[tuple[str, list]] = [
      [lambda: len(passed_rows(older_transformers_table(3)))]),
     (rf"at the same seed\. So did all\s+{NUM} on 5\.2\.0, the oldest 5\.x",
      [lambda: len(passed_rows(older_transformers_table(5)))]),
-    (rf"On 5\.17\.0, the version the GPU checks of issue 24 will meet, {NUM} of {NUM} passed",
+    (rf"On 5\.17\.0, the version on the GPU image that `scripts/gpu_course_checks\.sh` runs on, {NUM} of {NUM} passed",
      [lambda: len(passed_rows(older_transformers_table(6))),
       lambda: len(re.findall(r"^\d\d_", older_transformers_table(6), re.MULTILINE))]),
     (rf"silently, and {NUM} of the {NUM} notebooks failed some of their claims",
