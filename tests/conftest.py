@@ -64,9 +64,9 @@ def pytest_xdist_auto_num_workers(config):
 # cores, and OpenMP threads that wait by spinning then slow everything down: with two kernels of two threads each on
 # two cores, the README's command was at 78 % after 20 min and was stopped (2026-12-06); with one thread each it took
 # 11 min, against 21 min 44 s without xdist on the same machine. A thread count the shell set stays.
-if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
-    os.environ.setdefault("OMP_NUM_THREADS",
-                          str(kernel_threads(usable_cores(), int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
+_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _workers > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(kernel_threads(usable_cores(), _workers)))
 
 
 def tiny_llama(seed: int, vocab_size: int = 64, hidden: int = 64, layers: int = 2, init: float = 0.2, max_positions: int = 256):
