@@ -14,7 +14,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import sys
 import tempfile
 from pathlib import Path
@@ -26,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the package, 
 from specdec_edu import ModelDrafter, kv, load_pair  # noqa: E402
 from specdec_edu.commands.bench import _versions  # noqa: E402
 from specdec_edu.course.experiments import timed  # noqa: E402
+from specdec_edu.models.devices import device_name  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> dict:
                 "target_seconds": timed(lambda: kv.shared_static_cache(target, 256), device)[1],
                 "draft_seconds": timed(lambda: ModelDrafter(draft, max_cache_len=256, compile=True), device)[1],
                 "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+                "machine": device_name("cpu"),
                 "versions": _versions(), "command": " ".join(["python scripts/compile_cost.py", *argv]),
             }
         finally:

@@ -71,6 +71,8 @@ from claims_eval import failed_checks  # noqa: E402  (the evaluator the claims t
 from notebook_outputs import machine_text  # noqa: E402  (install logs and machine paths: never committed)
 from notebook_tags import skipped as skipped_tags  # noqa: E402  (one list of skipped tags, shared with CI)
 
+from specdec_edu.models.devices import thread_share  # noqa: E402  (one rule with the test suite's workers)
+
 PROGRESS = re.compile(r"^\s*[^|]*(\d+%\||\d+it \[)")  # tqdm's text: "desc:  40%|████  | 2/5 [..]", no total: "desc: 0it [..]"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")  # the colours of a kernel's traceback
@@ -240,7 +242,7 @@ def main(argv=None) -> int:
     # the kernels import this checkout's package, not whichever copy the environment has installed
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     if args.jobs > 1:  # N kernels share the CPU: each gets its share of threads, not all of them
-        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.jobs)))
+        os.environ.setdefault("OMP_NUM_THREADS", str(thread_share(args.jobs)))
     out_dir = None
     if args.scratch:
         out_dir = args.out or Path(tempfile.mkdtemp(prefix="notebooks_scratch_"))

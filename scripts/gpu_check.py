@@ -66,7 +66,7 @@ from specdec_edu.course.experiments import ReplayDrafter, interleaved_benchmark,
 from specdec_edu.course.measure import forward_seconds, latency_curve, measured_verify_cost, parameter_bytes  # noqa: E402
 from specdec_edu.drafters import ModelDrafter  # noqa: E402
 from specdec_edu.generate import compiled_or_eager  # noqa: E402
-from specdec_edu.models.devices import default_dtype, requested_device  # noqa: E402
+from specdec_edu.models.devices import default_dtype, device_name, requested_device  # noqa: E402
 
 # name: (hidden, layers, intermediate, heads, kv heads). Vocabulary (and whether the LM head is the
 # embedding matrix, "tied") shared by target and drafts; "draft" is the main draft, "extra_drafts" more.
@@ -430,7 +430,7 @@ def main(argv=None) -> dict:
         sharpen(target, args.head_scale)
     drafts = {label: make_model(shape, spec["vocab"], device, dtype, seed=1 + i, tied=spec["tied"])
               for i, (label, shape) in enumerate(draft_shapes(spec).items())}
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
+    name = device_name(device)
     params = {label: sum(p.numel() for p in m.parameters()) for label, m in {"target": target, **drafts}.items()}
     print(f"device {name} · {dtype} · target {params['target'] / 1e6:.0f}M params ({parameter_bytes(target) / 2**30:.2f} GiB) · "
           f"drafts {', '.join(f'{k} {v / 1e6:.0f}M' for k, v in params.items() if k != 'target')} · "

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import platform
 import statistics
 import sys
 from pathlib import Path
@@ -33,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the package, 
 from specdec_edu import autoregressive_generate, chat_prompt, load_embedded_pair, speculative_generate  # noqa: E402
 from specdec_edu.commands.bench import _hf_generate, _versions, eval_prompts  # noqa: E402
 from specdec_edu.course.experiments import timed  # noqa: E402
+from specdec_edu.models.devices import device_name  # noqa: E402
 from specdec_edu.result import GenerationStats  # noqa: E402
 from specdec_edu.suffix import SuffixDrafter, embedded_corpus  # noqa: E402
 
@@ -41,7 +41,7 @@ def provenance(command: str) -> dict:
     """Date, machine, threads, versions and ``command``, the run's own command line (``main``'s arguments: a call from
     code has no command line of its own, and ``sys.argv`` is then the caller's)."""
     return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "machine": f"{platform.machine()} {platform.processor() or ''}".strip(), "threads": torch.get_num_threads(),
+            "machine": device_name("cpu"), "threads": torch.get_num_threads(),
             "versions": _versions(), "command": command,
             "note": "shared 2-core CPU (other jobs running): timings are noisy; greedy, fp32"}
 

@@ -12,6 +12,8 @@ import torch
 from notebook_tags import skipped as skipped_tags
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from specdec_edu.models.devices import thread_share, usable_cores
+
 torch.set_num_threads(int(os.environ.get("SPECDEC_TEST_THREADS", "1")))
 
 # Notebooks executed by nbval read this (the kernels inherit the environment; specdec_edu.course.experiments.quick_run
@@ -28,10 +30,6 @@ os.environ.pop("SPECDEC_EDU_COMPILE", None)
 
 
 # ---- pytest-xdist (`-n auto`, the README's commands): workers share the machine ---------------------------------------
-def usable_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
 def memory_gib() -> float | None:
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
@@ -45,11 +43,6 @@ GIB_PER_WORKER = 3  # torch and transformers (~1.1 GB per worker) plus, while it
 def auto_workers(cores: int, memory: float | None) -> int:
     """``-n auto``: a worker per core, as many as the memory holds (64 cores and 32 GiB get 10 workers, not 64)."""
     return max(1, cores if memory is None else min(cores, int(memory // GIB_PER_WORKER)))
-
-
-def kernel_threads(cores: int, workers: int) -> int:
-    """The torch threads of a process a worker starts: its share of the cores."""
-    return max(1, cores // workers)
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest without pytest-xdist (the GPU image's) does not know the hook
@@ -66,7 +59,7 @@ def pytest_xdist_auto_num_workers(config):
 # 11 min, against 21 min 44 s without xdist on the same machine. A thread count the shell set stays.
 _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _workers > 1:
-    os.environ.setdefault("OMP_NUM_THREADS", str(kernel_threads(usable_cores(), _workers)))
+    os.environ.setdefault("OMP_NUM_THREADS", str(thread_share(_workers)))
 
 
 def tiny_llama(seed: int, vocab_size: int = 64, hidden: int = 64, layers: int = 2, init: float = 0.2, max_positions: int = 256):

@@ -16,6 +16,7 @@ import torch
 
 from specdec_edu.__main__ import build_parser, main
 from specdec_edu.commands import demo
+from specdec_edu.models.devices import device_name
 from specdec_edu.result import GenerationStats
 
 SUMMARY_ROWS = ["target-only tokens/s", "speculative tokens/s", "measured speedup",
@@ -231,7 +232,7 @@ def test_real_demo_on_the_embedded_pair(capsys):
                  "--device", "cpu"]) == 0
     text, err = capsys.readouterr()
     # the dtype too: SPECDEC_EDU_DTYPE=fp16 used to run unannounced
-    assert re.search(r"running on cpu with \d+ threads?, float32, eager", err)
+    assert re.search(r"running on cpu \(.+, \d+ cores?\) with \d+ threads?, float32, eager", err)
     for row in SUMMARY_ROWS:
         assert row in text
     assert "NO, from token" not in text
@@ -345,7 +346,7 @@ def test_demo_threads_sets_torchs_threads_and_says_so(tiny_pair, char_tokenizer,
     finally:
         torch.set_num_threads(before)
     assert seen == [1]
-    assert "running on cpu with 1 thread, float32, eager" in capsys.readouterr().err
+    assert f"running on cpu ({device_name('cpu')}) with 1 thread, float32, eager" in capsys.readouterr().err
 
 
 def _hand_made_report(**fields):

@@ -4,6 +4,9 @@ No GPU here: the CUDA device is faked (``torch.cuda.get_device_capability`` patc
 forced with a backend that raises, and fp16 overflow with a model whose logits are inf in fp16.
 """
 
+import platform
+import sys
+
 import pytest
 import torch
 from conftest import perturbed_copy, tiny_llama
@@ -268,7 +271,7 @@ def test_a_compiler_failure_is_not_retried_and_the_measurements_fall_back_too():
 
 
 def test_the_module_exports_the_rule():
-    assert {"default_dtype", "native_bf16", "dtype_reason"} <= set(devices.__all__)
+    assert {"default_dtype", "native_bf16", "dtype_reason", "device_name", "thread_share"} <= set(devices.__all__)
 
 
 def test_a_random_target_needs_no_download(monkeypatch):
@@ -336,3 +339,37 @@ def test_notebooks_make_float64_only_where_the_device_has_it():
         unsafe += [(path.name, line.strip()) for c in code for line in c.splitlines()
                    if ".double()" in line and ".cpu().double()" not in line and not on_float64_device]
     assert unsafe == []
+
+
+# ---- device_name: what a recorded measurement ran on ------------------------------------------------------------------
+def test_the_cpu_is_named_by_its_model_not_its_architecture(tmp_path, monkeypatch):
+    """/proc/cpuinfo's model name, and the cores this process may use. The control: with no such file (macOS,
+    Windows) the name falls back to ``platform``, and with that the architecture is what a record would say."""
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu\n")
+    assert devices.cpu_model(str(info)) == "AMD EPYC 7B13"
+    monkeypatch.setattr(devices.sys, "platform", "linux")  # no sysctl
+    monkeypatch.setattr(devices.platform, "processor", lambda: "")
+    monkeypatch.setattr(devices.platform, "machine", lambda: "x86_64")
+    assert devices.cpu_model(str(tmp_path / "missing")) == "x86_64"
+
+    monkeypatch.setattr(devices, "cpu_model", lambda: "AMD EPYC 7B13")
+    monkeypatch.setattr(devices, "usable_cores", lambda: 2)
+    assert devices.device_name("cpu") == "AMD EPYC 7B13, 2 cores"
+    monkeypatch.setattr(devices, "usable_cores", lambda: 1)
+    assert devices.device_name(torch.device("cpu")) == "AMD EPYC 7B13, 1 core"
+    assert devices.device_name("mps") == "Apple GPU (MPS) of AMD EPYC 7B13"
+
+
+def test_a_gpu_is_named_by_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
+    assert devices.device_name("cuda") == "Tesla T4"
+
+
+def test_this_machines_name_is_more_than_its_architecture():
+    """On Linux (CI, the GPU machine) the record names the CPU's model."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("/proc/cpuinfo is Linux's")
+    name = devices.device_name("cpu")
+    assert not name.startswith(platform.machine() + ","), name
+    assert name.endswith(f" {devices.usable_cores()} cores") or name.endswith(" 1 core"), name

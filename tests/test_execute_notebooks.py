@@ -1,6 +1,5 @@
 """scripts/execute_notebooks.py: its arguments, its table, and that --scratch leaves the notebook it runs untouched."""
 
-import os
 import re
 import sys
 import textwrap
@@ -14,6 +13,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from notebook_outputs import machine_text  # noqa: E402  (tests/ is on the path, as for claims_eval)
 
 import execute_notebooks  # noqa: E402
+from specdec_edu.models.devices import thread_share  # noqa: E402
 
 
 def test_arguments():
@@ -191,7 +191,7 @@ def test_jobs_run_notebooks_side_by_side_and_a_deadline_still_prints_the_table(t
     table = capsys.readouterr().out.splitlines()[:-1]  # the last line: "2 notebooks in N s, 2 at a time"
     assert [line.split()[0] for line in table[-2:]] == ["00_a.ipynb", "01_b.ipynb"]  # the notebooks' order
     ran = nbformat.read(out / "00_a.ipynb", as_version=4)
-    assert ran.cells[0].outputs[0]["text"].split() == ["threads", str(max(1, os.cpu_count() // 2))]
+    assert ran.cells[0].outputs[0]["text"].split() == ["threads", str(thread_share(2))]  # the usable cores, halved
 
     for flag in flags:
         flag.unlink()

@@ -19,6 +19,7 @@ from specdec_edu.commands.gpu_report import (
     step_costs,
     verdict,
 )
+from specdec_edu.models.devices import device_name
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 # the report at the tiny pair's size: one short prompt, one repeat, a 1 MiB bandwidth buffer
@@ -30,7 +31,7 @@ def test_the_report_runs_on_a_tiny_pair_and_prints_every_number(tiny_pair, char_
     out = io.StringIO()
     numbers = run_report(*tiny_pair, char_tokenizer, TINY, out, pair="tiny", load_seconds=0.0)
     text = out.getvalue()
-    for line_start in ("device: cpu", "dtype:  fp32", "path:   eager", "cold start in this process",
+    for line_start in (f"device: cpu ({device_name('cpu')})", "dtype:  fp32", "path:   eager", "cold start in this process",
                        "memory floor of a target step", "the pair's own draft", "dial drafter at α = 0.8"):
         assert line_start in text, (line_start, text)
     assert text.count("Leviathan's formula predicts") == 2  # the verdict, for the own draft and the dial

@@ -11,6 +11,9 @@ from pathlib import Path
 import conftest
 import pytest
 
+from specdec_edu.models import devices
+from specdec_edu.models.devices import thread_share, usable_cores
+
 TESTS = Path(__file__).resolve().parent
 # The exactness tests and their negative controls: the development loop (`pytest tests -m "not slow"`) keeps them all.
 # Whole files of them:
@@ -56,13 +59,23 @@ def test_a_worker_count_the_user_set_is_left_to_xdist(monkeypatch):
     monkeypatch.setenv("PYTEST_XDIST_AUTO_NUM_WORKERS", "3")
     assert conftest.pytest_xdist_auto_num_workers(config=None) is None
     monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS")
-    assert conftest.pytest_xdist_auto_num_workers(config=None) == conftest.auto_workers(conftest.usable_cores(),
+    assert conftest.pytest_xdist_auto_num_workers(config=None) == conftest.auto_workers(usable_cores(),
                                                                                          conftest.memory_gib())
 
 
 @pytest.mark.parametrize("cores, workers, threads", [(2, 2, 1), (16, 4, 4), (2, 4, 1), (3, 2, 1)])
 def test_a_started_process_gets_its_workers_share_of_the_cores(cores, workers, threads):
-    assert conftest.kernel_threads(cores, workers) == threads
+    assert thread_share(workers, cores) == threads
+
+
+def test_the_share_counts_the_cores_this_process_may_use(monkeypatch):
+    """Under ``taskset -c 0,1`` on a 16-CPU machine, 4 workers get 1 thread each, not 16 // 4 = 4 (which would put
+    16 threads on 2 cores); without an affinity mask, all the machine's CPUs count."""
+    monkeypatch.setattr(devices.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(devices.os, "cpu_count", lambda: 16)
+    assert usable_cores() == 2 and thread_share(4) == 1
+    monkeypatch.delattr(devices.os, "sched_getaffinity", raising=False)
+    assert usable_cores() == 16 and thread_share(4) == 4
 
 
 def test_a_process_started_under_xdist_runs_torch_on_its_share():

@@ -26,6 +26,7 @@ from ..course.experiments import interleaved_benchmark, timed
 from ..course.measure import measured_verify_cost
 from ..drafters import PromptLookupDrafter
 from ..generate import autoregressive_generate, resolve_compile, speculative_generate
+from ..models.devices import device_name
 from ..models.embedded import PAIRS
 from ..models.feature_drafters import load_drafter
 from ..result import GenerationStats
@@ -341,8 +342,7 @@ def summarise(target, draft, results, drafter, gamma, inputs, compiled=False, pr
         "round_profile_ms": profiled[0],
         "compiled": compiled,
         "device": str(target.device),
-        "device_name": (torch.cuda.get_device_name() if target.device.type == "cuda"
-                        else platform.processor() or platform.machine()),
+        "device_name": device_name(target.device),
         "threads": torch.get_num_threads(),
         "dtype": str(target.dtype).replace("torch.", ""),
         "versions": _versions(),

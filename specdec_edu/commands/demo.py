@@ -479,11 +479,14 @@ def main(args: argparse.Namespace, out: TextIO | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     from ..generate import compiles_by_default
+    from ..models.devices import device_name
 
     path = "compiled (the warm-up compiles)" if compiles_by_default(target.device) else "eager"
     dtype = str(next(target.parameters()).dtype).removeprefix("torch.")  # SPECDEC_EDU_DTYPE can change it: say which
     threads = torch.get_num_threads()
-    where = f"cpu with {threads} thread{'s' * (threads != 1)}" if target.device.type == "cpu" else str(target.device)
+    where = f"{target.device} ({device_name(target.device)})"  # the machine the printed ratios belong to
+    if target.device.type == "cpu":
+        where += f" with {threads} thread{'s' * (threads != 1)}"
     print(f"running on {where}, {dtype}, {path}: warm-up, then target-only and speculative decoding "
           "alternately ...", file=sys.stderr, flush=True)
     run_demo(target, draft, tokenizer, settings, out)

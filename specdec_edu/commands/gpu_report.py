@@ -150,13 +150,13 @@ def run_report(target, draft, tokenizer, settings: ReportSettings | None = None,
     from .. import autoregressive_generate, chat_prompt, speculative_generate
     from ..course.experiments import ReplayDrafter, settled_reference
     from ..generate import compiles_by_default
-    from ..models.devices import dtype_reason
+    from ..models.devices import device_name, dtype_reason
 
     settings = settings or ReportSettings()
     device, dtype = target.device, next(target.parameters()).dtype
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    name = device_name(device)
     say = lambda line="": print(line, file=out, flush=True)  # noqa: E731
-    say(f"device: {name} · torch {torch.__version__} · pair: {pair}")
+    say(f"device: {device.type} ({name}) · torch {torch.__version__} · pair: {pair}")
     say(f"dtype:  {dtype_reason(device, dtype)}")
 
     eos, prompts = tokenizer.eos_token_id, [chat_prompt(tokenizer, p, device=device) for p in settings.prompts]

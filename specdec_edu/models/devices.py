@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import platform
+import subprocess
 import sys
 
 import torch
 
-__all__ = ["DTYPES", "default_device", "default_dtype", "dtype_reason", "float64_device", "native_bf16", "on_colab"]
+__all__ = ["DTYPES", "default_device", "default_dtype", "device_name", "dtype_reason", "float64_device", "native_bf16",
+           "on_colab", "thread_share", "usable_cores"]
 
 #: The names ``$SPECDEC_EDU_DTYPE`` accepts, and the dtypes they mean.
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -52,6 +55,54 @@ def requested_device(name: str | None) -> torch.device:
         raise ValueError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s), numbered "
                          f"from 0; pass --device cuda (the first) or cuda:N below {torch.cuda.device_count()}")
     return device
+
+
+def usable_cores() -> int:
+    """The CPUs this process may run on: its affinity mask (what ``taskset -c 0,1`` or a container's CPU set leaves),
+    not ``os.cpu_count()``, which counts every CPU of the machine."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def thread_share(workers: int, cores: int | None = None) -> int:
+    """The threads each of ``workers`` processes gets when they run side by side on ``cores`` (default: the usable
+    ones): its share, at least one. More threads than cores in all make OpenMP's threads wait for each other by
+    spinning, and everything slows down (the test suite's workers and ``scripts/execute_notebooks.py --jobs`` use it).
+    """
+    return max(1, (usable_cores() if cores is None else cores) // workers)
+
+
+def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU's model name ("AMD EPYC 7B13", "Apple M2"), or the architecture ("x86_64") where the system does not
+    say: Linux's ``/proc/cpuinfo``, macOS's ``sysctl``, else ``platform`` (which on Linux gives only the
+    architecture)."""
+    try:
+        with open(cpuinfo) as info:
+            for line in info:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    if sys.platform == "darwin":
+        try:
+            return subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True,
+                                  timeout=5, check=True).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def device_name(device) -> str:
+    """What a measurement ran on, in words, so that a recorded time names its machine: the GPU's name ("NVIDIA
+    H200"), or the CPU's model and the cores this process may use ("AMD EPYC, 2 cores"). Not ``platform``'s
+    "x86_64", which does not tell a 2-core AMD EPYC from a 2-core Intel Xeon, though the course's notebooks ran 1.6×
+    slower on the first."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    if device.type == "mps":
+        return f"Apple GPU (MPS) of {cpu_model()}"
+    cores = usable_cores()
+    return f"{cpu_model()}, {cores} core{'s' if cores != 1 else ''}"
 
 
 def native_bf16(device) -> bool:
