@@ -33,8 +33,8 @@ def forward_calls(monkeypatch):
 def test_forward_seconds_times_every_repeat_at_the_same_context_length(target, forward_calls, monkeypatch):
     """The cache is cropped back after each timed forward: every one appends n_new to context_length."""
     calls = forward_calls
-    # the clock is read before each forward and after each timed one: the repeats last 3, 1 and 10 s
-    readings = iter([50.0, 0.0, 3.0, 0.0, 1.0, 0.0, 10.0])
+    # the clock is read before and after each timed forward (not around the warm-up): the repeats last 3, 1 and 10 s
+    readings = iter([0.0, 3.0, 0.0, 1.0, 0.0, 10.0])
     monkeypatch.setattr(measure, "time", types.SimpleNamespace(perf_counter=lambda: next(readings)))
     seconds = forward_seconds(target, 3, context_length=8, repeats=3, warmup=1)
     assert seconds == 3.0  # the median of the repeats (their mean is 4.67)
@@ -101,18 +101,36 @@ def test_a_batch_is_timed_on_the_shapes_and_the_module_of_batched_generation(tar
         forward_seconds(target, 1, batch=4, compile=True)
 
 
-def test_latency_curve_passes_its_arguments_through(target, monkeypatch):
-    """Fake per-forward times: the curve's keys are the requested ns, in order, each with its own time."""
-    seen = []
+def slow_spell_clock(monkeypatch, spell=range(2, 5)):
+    """A fake forward that takes n ms on a fake clock, with a slow spell: calls 2–4 (counted from 1, warm-ups
+    included) take 50 ms more, as a neighbour's burst on a shared machine would. Returns the calls' widths."""
+    clock, calls = [0.0], []
 
-    def fake(model, n_new, context_length=64, repeats=5, warmup=1):
-        seen.append((model, n_new, context_length, repeats))
-        return 2.0 * n_new
+    def appending(model, context_length, max_new, *args, **kwargs):
+        def forward(n):
+            calls.append(n)
+            clock[0] += (n + (50 if len(calls) in spell else 0)) / 1e3
+        return forward
 
-    monkeypatch.setattr(measure, "forward_seconds", fake)
-    curve = latency_curve(target, ns=(4, 1, 16), context_length=8, repeats=2, progress=False)
-    assert list(curve.items()) == [(4, 8.0), (1, 2.0), (16, 32.0)]
-    assert seen == [(target, 4, 8, 2), (target, 1, 8, 2), (target, 16, 8, 2)]
+    monkeypatch.setattr(measure, "_appending_forward", appending)
+    monkeypatch.setattr(measure, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    return calls
+
+
+def test_latency_curve_takes_the_widths_in_turns(target, monkeypatch):
+    """The curve's keys are the requested ns, in order; each repeat times every n once (after one warm-up of each),
+    so a spell shorter than a round lands on one repeat of one or two ns, and every median is the n ms. The control,
+    the same clock timed one width after another (``forward_seconds`` per n, as the curve was timed before): the
+    spell covers all three repeats of the first width, and its point comes out 50 ms high."""
+    calls = slow_spell_clock(monkeypatch)
+    curve = latency_curve(target, ns=(4, 1, 16), context_length=8, repeats=3, progress=False)
+    assert list(curve) == [4, 1, 16]
+    assert curve == pytest.approx({4: 4e-3, 1: 1e-3, 16: 16e-3})
+    assert calls == [4, 1, 16] * 4  # a warm-up round, then 3 timed rounds
+
+    slow_spell_clock(monkeypatch)
+    one_after_another = {n: forward_seconds(target, n, context_length=8, repeats=3) for n in (4, 1, 16)}
+    assert one_after_another[4] == pytest.approx(54e-3) and one_after_another[1] == pytest.approx(1e-3)
 
 
 def test_parameter_bytes_is_a_hand_count(target):
@@ -345,7 +363,10 @@ def test_every_timer_syncs_the_device_before_each_clock_reading(monkeypatch):
     model = types.SimpleNamespace(device=torch.device("cpu"))
 
     measure.forward_seconds(model, 2, repeats=2, warmup=1)
-    assert events == interval[:-1] + interval * 2  # the warm-up's end is not read
+    assert events == ["work"] + interval * 2  # the warm-up is not timed
+    events.clear()
+    measure.latency_curve(model, ns=(1, 4), repeats=2, progress=False)
+    assert events == ["work"] * 2 + interval * 4  # a warm-up of each width, then 2 rounds of both
     events.clear()
     cost = measure.VerifyCost(model, [2])
     events.clear()  # the untimed warm-up

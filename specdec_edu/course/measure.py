@@ -44,15 +44,18 @@ def forward_seconds(model, n_new: int, context_length: int = 64, repeats: int = 
         raise ValueError(f"batch={batch} with compile=True: batched generation runs eager, and so does its timing. "
                          "Pass compile=False.")
     forward = _appending_forward(model, context_length, n_new, compile, compile_options, role, batch)
-    times = []
-    for i in range(warmup + repeats):
-        sync(model.device)
-        start = time.perf_counter()
-        forward(n_new)  # appends n_new tokens, then crops them back
-        sync(model.device)
-        if i >= warmup:
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    for _ in range(warmup):  # a shape's first forward allocates (and on the compiled path, compiles or records)
+        forward(n_new)
+    return statistics.median(_seconds(forward, n_new, model.device) for _ in range(repeats))
+
+
+def _seconds(forward, n: int, device) -> float:
+    """Wall time of ``forward(n)`` (appends n tokens, then crops them back), the device waited for on both sides."""
+    sync(device)  # a GPU runs queued work later: the clock starts when earlier work is done, stops when this is
+    start = time.perf_counter()
+    forward(n)
+    sync(device)
+    return time.perf_counter() - start
 
 
 class VerifyCost:
@@ -199,12 +202,26 @@ def measured_verify_cost(model, n_new: int, sweeps: int = VerifyCost.MIN_SWEEPS,
 
 def latency_curve(model, ns=(1, 2, 4, 8, 16, 32, 64), context_length: int = 64, repeats: int = 5,
                   progress: bool = True) -> dict[int, float]:
-    """``{n: median seconds}`` for forwards appending n tokens: the latency curve."""
+    """``{n: median seconds}`` for eager forwards appending n tokens to a ``context_length`` cache: the latency curve.
+
+    The widths take turns: each repeat times every n once, in order, instead of all of one n's repeats before the
+    next n. A slow spell of a shared machine (another process, a clock change) then lands on every n alike, rather
+    than lifting a few neighbouring points, and the curve's shape is what the lesson reads. Timed one width after
+    another on a 2-core VM, a spell once put the 1-token point 20 ms above the step measured beside it, and 5
+    tokens came out cheaper than 1.
+    """
     from tqdm.auto import tqdm
 
     ns = list(ns)
-    iterator = tqdm(ns, desc="forward latency", leave=False) if progress else ns
-    return {n: forward_seconds(model, n, context_length, repeats) for n in iterator}
+    forward = _appending_forward(model, context_length, max(ns), compile=False, compile_options=None)
+    for n in ns:  # warm-up: a shape's first forward allocates, and a CPU's matrix library picks its kernels
+        forward(n)
+    times = {n: [] for n in ns}
+    rounds = tqdm(range(repeats), desc="forward latency", leave=False) if progress else range(repeats)
+    for _ in rounds:
+        for n in ns:
+            times[n].append(_seconds(forward, n, model.device))
+    return {n: statistics.median(t) for n, t in times.items()}
 
 
 @torch.no_grad()
