@@ -268,7 +268,7 @@ def compiles_by_default(device) -> bool:
     (H200, run 4 in ``assets/results/gpu_h200_2026-11-30``) and to 3.56 ms recorded without a compiler (the
     default there, ``kv.CAPTURE``: first token in 14 s, not 176 s, under two CPUs); run eager elsewhere. On this
     course's 2-core CPU the compiled path ran speculative decoding 1.09× as fast as eager
-    (``assets/results/bench_cpu_compiled.json``), but compiling the embedded pair took about three minutes from a
+    (``assets/results/bench_cpu_compiled.json``), but compiling the embedded pair took 2–3 minutes from a
     cold cache, in every new process (``compile_cost_cpu.json``), and needs a C++ compiler; MPS is untested.
     """
     chosen = os.environ.get("SPECDEC_EDU_COMPILE", "").strip()
