@@ -128,13 +128,29 @@ def run_child(args, path: str, cpus: str, cache_dir: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def taskset_cpus(spec: str) -> set[int]:
+    """The CPUs a taskset list names: "0,1" → {0, 1}, "0-3,8" → {0, 1, 2, 3, 8}."""
+    cpus = set()
+    for part in spec.split(","):
+        first, _, last = part.strip().partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return cpus
+
+
 def cpu_sets(requested: str) -> list[str]:
-    """The CPU sets to measure: "all" and/or "0,1" (skipped, with a note, where taskset or a second CPU is missing)."""
+    """The CPU sets to measure: "all" and/or a taskset list such as "0,1". A list is skipped, with a note, where
+    taskset is missing or where this process may not run on all its CPUs (a container given CPUs 4 and 5 refuses
+    ``taskset -c 0,1``): the note names the CPUs it may use."""
     sets = [s.strip() for s in requested.split(";") if s.strip()]
+    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
     usable = []
     for s in sets:
-        if s != "all" and (shutil.which("taskset") is None or (os.cpu_count() or 1) < 2):
-            print(f"skipped cpus {s}: needs taskset and two CPUs", file=sys.stderr)
+        if s != "all" and shutil.which("taskset") is None:
+            print(f"skipped cpus {s}: needs taskset", file=sys.stderr)
+            continue
+        if s != "all" and not taskset_cpus(s) <= allowed:
+            print(f"skipped cpus {s}: this process may run on CPUs {sorted(allowed)} only; pass --cpus 'all;A,B' "
+                  "with two of them", file=sys.stderr)
             continue
         usable.append(s)
     return usable

@@ -145,7 +145,7 @@ def test_cold_and_warm_share_one_fresh_cache_folder_per_path_and_cpu_set(monkeyp
 
     monkeypatch.setattr(cold_start, "run_child", fake_run_child)
     monkeypatch.setattr(cold_start.shutil, "which", lambda name: "/usr/bin/taskset")
-    monkeypatch.setattr(cold_start.os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(cold_start.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
     assert cold_start.cpu_sets("all;0,1") == ["all", "0,1"]
     args = SimpleNamespace(paths="inductor,eager", cpus="all;0,1")
     rows = cold_start.measure(args)
@@ -179,3 +179,16 @@ def test_a_child_process_gets_its_cache_folder_its_cpus_and_its_spawn_time(monke
     assert env["TORCHINDUCTOR_CACHE_DIR"] == "/tmp/the_rows_cache"
     assert env["TRITON_CACHE_DIR"].startswith("/tmp/the_rows_cache/")
     assert float(env["COLD_START_SPAWNED"]) == 1234.5
+
+
+def test_a_cpu_set_this_process_may_not_use_is_skipped_with_the_cpus_it_may(monkeypatch, capsys):
+    """A container given CPUs 4 and 5 refuses ``taskset -c 0,1``: that set is skipped, and the note names 4 and 5;
+    "4,5" and a range within them are kept."""
+    cold_start = load_cold_start()
+    monkeypatch.setattr(cold_start.shutil, "which", lambda name: "/usr/bin/taskset")
+    monkeypatch.setattr(cold_start.os, "sched_getaffinity", lambda pid: {4, 5}, raising=False)
+    assert cold_start.cpu_sets("all;0,1;4,5;4-5") == ["all", "4,5", "4-5"]
+    assert "skipped cpus 0,1: this process may run on CPUs [4, 5] only" in capsys.readouterr().err
+    assert cold_start.taskset_cpus("0-3,8") == {0, 1, 2, 3, 8}
+    monkeypatch.setattr(cold_start.shutil, "which", lambda name: None)
+    assert cold_start.cpu_sets("all;4,5") == ["all"]
