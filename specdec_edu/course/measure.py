@@ -17,6 +17,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Iterable
+from functools import partial
 
 import torch
 
@@ -46,16 +47,19 @@ def forward_seconds(model, n_new: int, context_length: int = 64, repeats: int = 
     forward = _appending_forward(model, context_length, n_new, compile, compile_options, role, batch)
     for _ in range(warmup):  # a shape's first forward allocates (and on the compiled path, compiles or records)
         forward(n_new)
-    return statistics.median(_seconds(forward, n_new, model.device) for _ in range(repeats))
+    return statistics.median(_seconds(partial(forward, n_new), partial(sync, model.device)) for _ in range(repeats))
 
 
-def _seconds(forward, n: int, device) -> float:
-    """Wall time of ``forward(n)`` (appends n tokens, then crops them back), the device waited for on both sides."""
-    sync(device)  # a GPU runs queued work later: the clock starts when earlier work is done, stops when this is
-    start = time.perf_counter()
-    forward(n)
-    sync(device)
-    return time.perf_counter() - start
+def _seconds(work: Callable[[], object], wait: Callable[[], None], timer: Callable[[], float] | None = None) -> float:
+    """Wall time of ``work()``: the one clock of this module's timers. ``wait`` waits for the device on both sides: a
+    GPU runs queued work later, so the clock starts when earlier work is done and stops when this work is, not when
+    it was launched. ``timer``: ``time.perf_counter``, looked up at the call (the tests replace it)."""
+    timer = timer or time.perf_counter
+    wait()
+    start = timer()
+    work()
+    wait()
+    return timer() - start
 
 
 class VerifyCost:
@@ -97,11 +101,7 @@ class VerifyCost:
             forward(n)
 
     def _seconds(self, n: int) -> float:
-        self._wait()
-        start = self._timer()
-        self._forward(n)
-        self._wait()
-        return self._timer() - start
+        return _seconds(partial(self._forward, n), self._wait, self._timer)
 
     def sweep(self) -> dict[int, float]:
         """Time one forward per n (t(1) first and last) and keep this sweep's ratios; return them."""
@@ -216,11 +216,11 @@ def latency_curve(model, ns=(1, 2, 4, 8, 16, 32, 64), context_length: int = 64, 
     forward = _appending_forward(model, context_length, max(ns), compile=False, compile_options=None)
     for n in ns:  # warm-up: a shape's first forward allocates, and a CPU's matrix library picks its kernels
         forward(n)
-    times = {n: [] for n in ns}
+    times, wait = {n: [] for n in ns}, partial(sync, model.device)
     rounds = tqdm(range(repeats), desc="forward latency", leave=False) if progress else range(repeats)
     for _ in rounds:
         for n in ns:
-            times[n].append(_seconds(forward, n, model.device))
+            times[n].append(_seconds(partial(forward, n), wait))
     return {n: statistics.median(t) for n, t in times.items()}
 
 
@@ -235,16 +235,8 @@ def read_bandwidth(device="cpu", n_bytes: int = 2**28, repeats: int = 5) -> floa
     """
     device = torch.device(device)
     x = torch.ones(n_bytes // 4, device=device)  # [n_bytes / 4] float32
-    times = []
-    for i in range(1 + repeats):
-        sync(device)
-        start = time.perf_counter()
-        x.sum()
-        sync(device)
-        elapsed = time.perf_counter() - start
-        if i > 0:  # the first pass warms caches and allocators
-            times.append(elapsed)
-    return x.numel() * x.element_size() / statistics.median(times)
+    times = [_seconds(x.sum, partial(sync, device)) for _ in range(1 + repeats)]
+    return x.numel() * x.element_size() / statistics.median(times[1:])  # the first pass warms caches and allocators
 
 
 def parameter_bytes(model) -> int:
