@@ -68,7 +68,7 @@ from draft_build.card import write_card
 from draft_build.data import stage_data
 from draft_build.evaluate import stage_eval
 from draft_build.train import set_k, stage_save, stage_train
-from specdec_edu.models.devices import device_name
+from specdec_edu.models.devices import device_name, memory_gib
 from specdec_edu.models.weights import embedded_target_dir
 
 REPO = Path(__file__).resolve().parent.parent
@@ -192,8 +192,7 @@ def main(argv=None):
     import transformers
 
     info.update({"command": "python scripts/build_draft.py " + " ".join(sys.argv[1:] if argv is None else argv),
-                 "hardware": f"{device_name('cpu')}, "
-                             f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB RAM, no GPU",
+                 "hardware": f"{device_name('cpu')}, {memory_gib():.0f} GiB RAM, no GPU",
                  "transformers": transformers.__version__})
     log(f"build_draft: stages {stages}, out {args.out}, workdir {args.workdir}")
     if "data" in stages:

@@ -12,7 +12,7 @@ import torch
 from notebook_tags import skipped as skipped_tags
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from specdec_edu.models.devices import thread_share, usable_cores
+from specdec_edu.models.devices import memory_gib, thread_share, usable_cores
 
 torch.set_num_threads(int(os.environ.get("SPECDEC_TEST_THREADS", "1")))
 
@@ -30,13 +30,6 @@ os.environ.pop("SPECDEC_EDU_COMPILE", None)
 
 
 # ---- pytest-xdist (`-n auto`, the README's commands): workers share the machine ---------------------------------------
-def memory_gib() -> float | None:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    except (AttributeError, ValueError, OSError):  # not a POSIX system that says
-        return None
-
-
 GIB_PER_WORKER = 3  # torch and transformers (~1.1 GB per worker) plus, while it runs a notebook, its kernel (~1.2 GB)
 
 

@@ -12,7 +12,7 @@ import conftest
 import pytest
 
 from specdec_edu.models import devices
-from specdec_edu.models.devices import thread_share, usable_cores
+from specdec_edu.models.devices import memory_gib, thread_share, usable_cores
 
 TESTS = Path(__file__).resolve().parent
 # The exactness tests and their negative controls: the development loop (`pytest tests -m "not slow"`) keeps them all.
@@ -59,8 +59,7 @@ def test_a_worker_count_the_user_set_is_left_to_xdist(monkeypatch):
     monkeypatch.setenv("PYTEST_XDIST_AUTO_NUM_WORKERS", "3")
     assert conftest.pytest_xdist_auto_num_workers(config=None) is None
     monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS")
-    assert conftest.pytest_xdist_auto_num_workers(config=None) == conftest.auto_workers(usable_cores(),
-                                                                                         conftest.memory_gib())
+    assert conftest.pytest_xdist_auto_num_workers(config=None) == conftest.auto_workers(usable_cores(), memory_gib())
 
 
 @pytest.mark.parametrize("cores, workers, threads", [(2, 2, 1), (16, 4, 4), (2, 4, 1), (3, 2, 1)])

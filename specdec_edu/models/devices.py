@@ -9,8 +9,8 @@ import sys
 
 import torch
 
-__all__ = ["DTYPES", "default_device", "default_dtype", "device_name", "dtype_reason", "float64_device", "native_bf16",
-           "on_colab", "thread_share", "usable_cores"]
+__all__ = ["DTYPES", "default_device", "default_dtype", "device_name", "dtype_reason", "float64_device", "memory_gib",
+           "native_bf16", "on_colab", "thread_share", "usable_cores"]
 
 #: The names ``$SPECDEC_EDU_DTYPE`` accepts, and the dtypes they mean.
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -61,6 +61,14 @@ def usable_cores() -> int:
     """The CPUs this process may run on: its affinity mask (what ``taskset -c 0,1`` or a container's CPU set leaves),
     not ``os.cpu_count()``, which counts every CPU of the machine."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def memory_gib() -> float | None:
+    """The machine's memory in GiB, or ``None`` where the system does not say (not POSIX)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (AttributeError, ValueError, OSError):
+        return None
 
 
 def thread_share(workers: int, cores: int | None = None) -> int:
