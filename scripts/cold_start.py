@@ -142,6 +142,8 @@ def cpu_sets(requested: str) -> list[str]:
     taskset is missing or where this process may not run on all its CPUs (a container given CPUs 4 and 5 refuses
     ``taskset -c 0,1``): the note names the CPUs it may use."""
     sets = [s.strip() for s in requested.split(";") if s.strip()]
+    # the CPUs of specdec_edu.models.devices.usable_cores, read here: this parent imports no torch (its children's
+    # imports are timed as part of a cold start, and importing torch here first would warm the disk cache for them)
     allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
     usable = []
     for s in sets:
