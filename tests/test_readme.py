@@ -188,3 +188,15 @@ def test_the_package_in_30_seconds_runs_as_written(capsys):
     exec(compile(code, "README.md", "exec"), scope)
     printed = capsys.readouterr().out
     assert scope["out"].stats.stopped_by == "eos" and "<|im_" not in printed, printed
+
+
+def test_every_relative_link_in_the_readme_resolves():
+    """A link's target on one line, naming a file or folder of the repository (a target wrapped onto the next line
+    renders as text: a rewrap once split `assets/results/noteboo` / `ks_older_…`)."""
+    text = README
+    targets = re.findall(r"\]\(([^)]*)\)", text)
+    assert targets, "no links found"
+    broken = [t for t in targets if "\n" in t or " " in t.strip()]
+    assert broken == [], broken
+    missing = [t for t in targets if not re.match(r"[a-z]+:|#", t) and not (ROOT / t.split("#")[0]).exists()]
+    assert missing == [], missing
