@@ -591,12 +591,17 @@ def shared_static_cache(model: torch.nn.Module, min_len: int, compile_options: d
     model they wrap themselves (``role="draft"``, see ``ModelDrafter``): one model can be both in
     one generation, with two caches. The length is ``min_len`` rounded up to a power of two, at
     least 256, so that generations of similar length share one cache; a longer one replaces it
-    (and compiles again, once). The store holds models weakly: it never keeps a model alive.
+    (and compiles again, once). It never asks for more than the model's position limit: no generation
+    writes past it, so ``max_new_tokens=100_000`` on an 8,192-position model gets 8,192 positions, not 131,072
+    (the padding's spare slots come on top, in ``StaticKV``). The store holds models weakly: it never keeps a model alive.
     Two ``ModelDrafter``s of one model share its draft cache: each marks it as its own
     (``StaticKV.holder``) and starts over when it finds the other's mark. If compiling fails, the
     failure is remembered: a later call with the same options raises at once (its message quotes the
-    first error's) instead of spending the compile time again before the caller falls back to eager.
+    first error's) instead of spending the compile time again before the caller falls back to eager. An
+    out-of-memory error is not remembered: it says the size, not the options, and a shorter cache may fit.
     """
+    limit = max_positions(model)
+    min_len = min(min_len, limit) if limit else min_len  # slots past the limit would never be written
     caches = _shared.setdefault(model, {})
     static, options = caches.get(role), full_compile_options(model.device, compile_options)
     failed, dtype = caches.get((role, "failed")), next(model.parameters()).dtype
@@ -607,6 +612,8 @@ def shared_static_cache(model: torch.nn.Module, min_len: int, compile_options: d
             static = new_static_cache(model, max(256, 1 << (min_len - 1).bit_length()), compile=True,
                                       compile_options=compile_options)
         except Exception as exc:  # noqa: BLE001 (a compiler failure; the caller decides to run eager)
+            if isinstance(exc, torch.OutOfMemoryError):
+                raise  # not the options' fault: the next, shorter generation may fit
             # Remembered as its message only: the exception holds frames (dynamo's keeps the frame it compiled), and
             # they the half-built cache, whose K/V would stay on the GPU for as long as the model lives.
             caches[(role, "failed")] = ((options, dtype), root_cause(exc)[1])

@@ -70,7 +70,9 @@ def logits_to_probs(
         value = logits.gather(-1, top)
         return torch.zeros_like(logits).scatter_(-1, top, value - value + 1)
 
-    logits = logits / temperature
+    if temperature < 1e-3:  # shift by the row's max first (softmax does not change): dividing by a tiny T (1e-39)
+        logits = logits - logits.amax(-1, keepdim=True)  # would overflow the top logit to +inf, and every p to NaN
+    logits = logits / temperature  # (at usual temperatures unshifted: the same rounding as transformers' warper)
     if top_k > 0:
         kth_largest = torch.topk(logits, min(top_k, logits.shape[-1])).values[..., -1:]
         logits = logits.masked_fill(logits < kth_largest, float("-inf"))
@@ -108,7 +110,12 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> tor
 
 
 def check_generator(generator: torch.Generator | None, device: torch.device) -> None:
-    """A generator must live on the device of the tensors it draws for."""
+    """A generator must be a ``torch.Generator`` on the device of the tensors it draws for."""
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise ValueError(
+            f"generator={generator!r} is not a torch.Generator: pass "
+            f"generator=torch.Generator(device='{device.type}').manual_seed(seed) (a seed alone is not a generator)."
+        )
     if generator is not None and generator.device.type != device.type:
         raise ValueError(
             f"the torch.Generator is on {generator.device.type} but the tensors are on {device.type}: "

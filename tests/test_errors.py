@@ -1,7 +1,5 @@
 """Bad input raises ValueError/TypeError whose message names the fix."""
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 from conftest import tiny_llama
@@ -183,11 +181,36 @@ def test_nan_draft_logits_name_the_draft_model(target):
                 spec(target, broken, ids, do_sample=sampled)
 
 
+class FakeCudaGenerator(torch.Generator):
+    """A generator that says it lives on CUDA (this machine has no GPU to make a real one)."""
+
+    device = property(lambda self: torch.device("cuda"))
+
+
 def test_generator_on_wrong_device(target, draft):
-    """A CUDA generator with CPU models (faked: this machine has no GPU to make a real one)."""
-    cuda_generator = SimpleNamespace(device=torch.device("cuda"))
-    with pytest.raises(ValueError, match="torch.Generator\\(device='cpu'\\)"):
-        spec(target, draft, do_sample=True, generator=cuda_generator)
+    """A CUDA generator with CPU models."""
+    with pytest.raises(ValueError, match="the torch.Generator is on cuda.*torch.Generator\\(device='cpu'\\)"):
+        spec(target, draft, do_sample=True, generator=FakeCudaGenerator())
+
+
+@pytest.mark.parametrize("path", ["speculative", "target only"])
+def test_a_seed_is_not_a_generator(target, draft, path):
+    """``generator=0`` (a seed, not a generator) names the fix. Before: AttributeError: 'int' object has no attribute
+    'device'."""
+    run = (lambda: spec(target, draft, do_sample=True, generator=0)) if path == "speculative" else (
+        lambda: autoregressive_generate(target, IDS, max_new_tokens=4, do_sample=True, generator=0))
+    with pytest.raises(ValueError, match=r"generator=0 is not a torch.Generator.*manual_seed\(seed\)"):
+        run()
+
+
+def test_a_draft_model_on_another_kind_of_device_is_refused(target):
+    """The round compares p and q on one device and one generator draws for both, so a draft left on another kind of
+    device is refused up front, naming the fix (the draft here sits on the meta device: this machine has one kind of
+    real device). Before, the run failed later: with a generator, on the check of one device or the other."""
+    other = tiny_llama(seed=3).to("meta")
+    with pytest.raises(ValueError, match=r"the draft model is on meta but the target on cpu.*draft.to\('cpu'\)"):
+        spec(target, other)
+    spec(target, tiny_llama(seed=3))  # the control: the same draft on the target's device runs
 
 
 def test_draft_without_propose(target):

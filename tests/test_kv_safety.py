@@ -290,7 +290,7 @@ def test_a_one_position_compiled_cache_has_room_for_its_widest_padded_write(monk
 def test_the_shared_cache_length_is_a_power_of_two_of_at_least_256(monkeypatch):
     """``min_len`` rounds up to a power of two, at least 256: a cache made again only when a longer one is asked for,
     and always long enough. Before (a mutation audit: rounding one off) 257 positions got a 256-position cache."""
-    made, model = fake_compiled_caches(monkeypatch), tiny_llama(seed=3)
+    made, model = fake_compiled_caches(monkeypatch), tiny_llama(seed=3, max_positions=4096)  # far from the limit
     for min_len in (1, 200, 256, 257, 300, 512, 513):
         assert kv.shared_static_cache(model, min_len).max_len >= min_len
     assert made == [256, 512, 1024]
@@ -322,6 +322,38 @@ def test_a_remembered_compile_failure_holds_only_for_its_options_and_dtype(monke
     with pytest.raises(RuntimeError, match="sm_80") as error:
         kv.shared_static_cache(model, 8, {"backend": "bad"})
     assert "failed before" not in str(error.value)
+
+
+def test_the_shared_cache_never_asks_for_more_than_the_position_limit(monkeypatch):
+    """A generation never writes past the model's position limit, so its cache need not hold more: a 100,000-token
+    request on a 512-position model gets 512 slots. Before, 100,008 positions rounded up to 131,072 slots, for the
+    target and again for the draft, all of them never written (an out-of-memory error on a GPU)."""
+    made = fake_compiled_caches(monkeypatch)
+    model = tiny_llama(seed=3, max_positions=512)
+    assert kv.shared_static_cache(model, 100_008).max_len == 512
+    target, draft = tiny_llama(seed=4, max_positions=512), tiny_llama(seed=5, max_positions=512)
+    out = speculative_generate(target, draft, torch.tensor([[1, 2, 3]]), max_new_tokens=100_000, gamma=4, compile=True,
+                               compile_options=COMPILE)
+    assert out.stats.stopped_by == "max_positions" and out.sequences.shape[1] == 512
+    assert made == [512, 512, 512]  # the first model's, then this target's and its draft's
+
+
+def test_an_out_of_memory_error_is_not_remembered_as_a_compile_failure(monkeypatch):
+    """An out-of-memory error says the size was too large, not that the options fail: the next, shorter cache is made.
+    Before, the failure was remembered for the options, and every later generation ran eager, without a word."""
+    made = fake_compiled_caches(monkeypatch)
+    real = kv.new_static_cache
+
+    def out_of_memory_above_1024(model, max_len, **kwargs):
+        if max_len > 1024:
+            raise torch.OutOfMemoryError(f"simulated: {max_len} slots")
+        return real(model, max_len, **kwargs)
+
+    monkeypatch.setattr(kv, "new_static_cache", out_of_memory_above_1024)
+    model = tiny_llama(seed=3, max_positions=4096)
+    with pytest.raises(torch.OutOfMemoryError):
+        kv.shared_static_cache(model, 4000)
+    assert kv.shared_static_cache(model, 300).max_len == 512 and made == [512]
 
 
 # ---- 5. a prefill keeps only the logits a round reads ----------------------------------------------------------

@@ -2,7 +2,7 @@ import pytest
 import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from specdec_edu import logits_to_probs
+from specdec_edu import PromptLookupDrafter, autoregressive_generate, logits_to_probs, speculative_generate
 
 
 @pytest.mark.parametrize(
@@ -55,6 +55,19 @@ def test_greedy_marks_an_overflowed_row_nan_without_a_sync():
     logits[0, 2], logits[1, 3], logits[2, 1] = float("nan"), float("inf"), float("-inf")
     probs = logits_to_probs(logits, temperature=0, check_finite=False)
     assert probs[:2].isnan().any(-1).all() and torch.equal(probs[2:], torch.eye(5)[[0, 0]])
+
+
+@pytest.mark.parametrize("path", ["speculative", "target only"])
+def test_a_tiny_temperature_samples_the_argmax_not_token_0(target, path):
+    """T = 1e-39 is greedy in all but name: every logit but the largest, divided by T, goes to -inf. Divided before
+    the shift by the max, the largest overflowed to +inf as well, every p was NaN, and both loops returned token 0
+    at every step without an error (prompt lookup's one-hot q has no NaN to catch). The control: greedy's tokens."""
+    assert logits_to_probs(torch.tensor([1.0, 2.0, 3.0]), temperature=1e-39).tolist() == [0, 0, 1]
+    ids, kw = torch.tensor([[1, 2, 3, 1, 2]]), dict(max_new_tokens=6)
+    run = ((lambda **s: speculative_generate(target, PromptLookupDrafter(), ids, gamma=3, **kw, **s))
+           if path == "speculative" else (lambda **s: autoregressive_generate(target, ids, **kw, **s)))
+    tiny_t = run(do_sample=True, temperature=1e-39, generator=torch.Generator().manual_seed(0))
+    assert tiny_t.row(0).tolist() == run().row(0).tolist()
 
 
 def test_float64_is_kept():
