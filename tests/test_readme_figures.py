@@ -275,9 +275,8 @@ FIGURES: list[tuple[str, list]] = [
         nb("08", f"pl_speedup_{key}")])
       for task, key in [("rewrite a pasted paragraph", "rewrite"), ("extract from a pasted text", "extract"),
                         ("open-ended question", "open")]],
-    (rf"best fixed γ = {NUM} / dynamic γ \| — \| 0\.8 \| — \| \*\*{NUM}×\*\* / {NUM} of it \| notebook 07\*",
+    (rf"best fixed γ = {NUM} / dynamic γ \| — \| 0\.8 \| — \| \*\*{NUM}×\*\* / {NUM} of it \| notebook 07 ",
      [nb("07", "g_best_dial"), nb("07", "dial_best"), nb("07", "dyn_ratio_dial")]),
-    (rf"on a 2-core CPU whose target step inside the loop took {NUM} ms", [nb("07", "t_step_ms")]),
     (rf"prompt lookup, best fixed γ = {NUM} / dynamic γ \| copy from the input \| — \| — \| \*\*{NUM}×\*\* / {NUM} of it",
      [nb("07", "g_best_lookup"), nb("07", "lookup_best"), nb("07", "dyn_ratio_look")]),
     (rf"open chat \| — \| — \| {NUM}× \(ours in the same run: {NUM}×\) \| notebook 10",
@@ -286,7 +285,7 @@ FIGURES: list[tuple[str, list]] = [
      [nb("11", "alpha_eagle"), nb("11", "measured_eagle")]),
     (rf"open question / rewrite \| {NUM} / {NUM} \| — \| {NUM}× / \*\*{NUM}×\*\* \| notebook 00",
      [nb("00", "alpha_model"), nb("00", "alpha_lookup"), nb("00", "speedup_model"), nb("00", "speedup_lookup")]),
-    (rf"A verify pass over 5 tokens costs {NUM}–{NUM} one-token steps on the notebooks' CPUs "
+    (rf"A verify pass over 5 tokens costs {NUM}–{NUM} one-token steps on the notebooks' CPU "
      rf"\(notebooks 01, 06, 07, 08; {NUM} in",
      [*CPU_VERIFY_COSTS, js(BENCH, "verify_cost")]),
     (rf"too weak \(α {NUM}–{NUM}, above\)", [*DRAFT_ALPHAS]),
