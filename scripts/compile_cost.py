@@ -26,11 +26,12 @@ from specdec_edu import ModelDrafter, kv, load_pair  # noqa: E402
 from specdec_edu.commands.bench import _versions  # noqa: E402
 from specdec_edu.course.experiments import timed  # noqa: E402
 from specdec_edu.models.devices import device_name  # noqa: E402
+from specdec_edu.models.embedded import PAIRS  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--pair", default="embedded")
+    parser.add_argument("--pair", choices=sorted(PAIRS), default="embedded")
     parser.add_argument("--device", default=None)
     parser.add_argument("--json", metavar="FILE")
     argv = sys.argv[1:] if argv is None else argv

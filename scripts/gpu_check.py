@@ -60,6 +60,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
 from specdec_edu import autoregressive_generate, expected_speedup, kv, speculative_generate  # noqa: E402
+from specdec_edu.commands.args import positive_int  # noqa: E402
 from specdec_edu.commands.bench import configure_hf_assistant  # noqa: E402
 from specdec_edu.course.diagnostics import first_divergence  # noqa: E402
 from specdec_edu.course.experiments import ReplayDrafter, interleaved_benchmark, settled_reference, timed  # noqa: E402
@@ -383,14 +384,16 @@ def parse_args(argv):
     parser.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default=None,
                         help="default: the course's rule (bfloat16 where native, float16 on older GPUs such as a T4, "
                              "float32 on a CPU; $SPECDEC_EDU_DTYPE overrides)")
-    parser.add_argument("--gamma", type=int, default=4, help="γ of the main rows (the default run adds γ ∓ 2 at α ≈ 0.8)")
+    parser.add_argument("--gamma", type=positive_int, default=4,
+                        help="γ of the main rows (the default run adds γ ∓ 2 at α ≈ 0.8)")
     parser.add_argument("--quick", action="store_true", help="one γ and one α, fewer tokens and repeats")
-    parser.add_argument("--max-new-tokens", type=int, default=None, help="default 96 (48 with --quick)")
-    parser.add_argument("--prompt-length", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=None, help="timed rounds after one warm-up; default 3 (1 with --quick)")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=None, help="default 96 (48 with --quick)")
+    parser.add_argument("--prompt-length", type=positive_int, default=64)
+    parser.add_argument("--repeats", type=positive_int, default=None,
+                        help="timed rounds after one warm-up; default 3 (1 with --quick)")
     parser.add_argument("--head-scale", type=float, default=20.0,
                         help="sharpen the random target (embedding and head × this) so that bf16 cannot flip its argmax; 1: off")
-    parser.add_argument("--bandwidth-mib", type=int, default=None,
+    parser.add_argument("--bandwidth-mib", type=positive_int, default=None,
                         help="buffer of the read-bandwidth sum (default 1024; 64 on CPU)")
     parser.add_argument("--compile", action="store_true", help="add the compiled rows (draft, then draft + target)")
     parser.add_argument("--goals", action="store_true",
@@ -403,19 +406,21 @@ def parse_args(argv):
                         help="torch.compile mode (default: reduce-overhead, i.e. CUDA graphs, with inductor on CUDA)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
-    args.max_new_tokens = args.max_new_tokens or (48 if args.quick else 96)
-    args.repeats = args.repeats or (1 if args.quick else 3)
-    device = torch.device(args.device)
+    if args.max_new_tokens is None:  # `is None`, not `or`: an explicit value is never swapped for the default
+        args.max_new_tokens = 48 if args.quick else 96
+    if args.repeats is None:
+        args.repeats = 1 if args.quick else 3
     if args.goals and not args.compile:
         parser.error("--goals measures the compiled rows: add --compile")
     try:
-        requested_device(args.device)  # the commands' one check of a device torch cannot use here
+        device = requested_device(args.device)  # the commands' one check of a device torch cannot use here
     except ValueError as exc:
         parser.error(f"{exc} (with --size tiny)")
     if args.compile_mode is None and args.compile_backend == "inductor" and device.type == "cuda":
         args.compile_mode = "reduce-overhead"
     args.compile_options = {"backend": args.compile_backend, **({"mode": args.compile_mode} if args.compile_mode else {})}
-    args.bandwidth_mib = args.bandwidth_mib or (1024 if device.type == "cuda" else 64)
+    if args.bandwidth_mib is None:
+        args.bandwidth_mib = 1024 if device.type == "cuda" else 64
     return args
 
 

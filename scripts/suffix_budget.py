@@ -30,6 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the package, from a checkout
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # suffix_eval, beside this script, however it is run
 
+from specdec_edu.commands.args import positive_int  # noqa: E402
 from specdec_edu.suffix import EMBEDDED_VOCAB, CorpusIndex, SuffixDrafter, corpus_answers  # noqa: E402
 from suffix_eval import provenance  # noqa: E402  (imported before any measuring: a failed import loses nothing)
 
@@ -65,8 +66,8 @@ def time_propose(drafter: SuffixDrafter, contexts: list[list[int]], gamma: int =
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--tokens", type=int, default=1_000_000)
-    ap.add_argument("--threads", type=int, default=1, help="torch threads for the target step (1: steadier on a shared CPU)")
+    ap.add_argument("--tokens", type=positive_int, default=1_000_000)
+    ap.add_argument("--threads", type=positive_int, default=1, help="torch threads for the target step (1: steadier on a shared CPU)")
     argv = sys.argv[1:] if argv is None else argv
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)

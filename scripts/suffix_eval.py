@@ -30,6 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the package, from a checkout
 
 from specdec_edu import autoregressive_generate, chat_prompt, load_embedded_pair, speculative_generate  # noqa: E402
+from specdec_edu.commands.args import positive_int  # noqa: E402
 from specdec_edu.commands.bench import _hf_generate, _versions, eval_prompts  # noqa: E402
 from specdec_edu.course.experiments import timed  # noqa: E402
 from specdec_edu.models.devices import device_name  # noqa: E402
@@ -133,13 +134,13 @@ def main(argv=None) -> None:
     ap.add_argument("--settings", type=lambda s: s.split(","), default=["8/0.1/1", "4/0.1/1", "4/0.3/1", "8/0.3/1",
                                                                            "8/0.5/2", "4/0.5/2"])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--max-new-tokens", type=positive_int, default=64)
     ap.add_argument("--tokens", type=lambda s: [int(x) for x in s.split(",")], default=[2, 4, 6, 8, 10])
     ap.add_argument("--ngrams", type=lambda s: [int(x) for x in s.split(",")], default=[2, 3, 4])
     ap.add_argument("--fractions", type=lambda s: [float(x) for x in s.split(",")], default=[0.0, 0.25, 0.5, 1.0])
     ap.add_argument("--prompt-set", default="open-chat")
-    ap.add_argument("--prompts", type=int, default=8)
-    ap.add_argument("--gamma", type=int, default=8)
+    ap.add_argument("--prompts", type=positive_int, default=8)
+    ap.add_argument("--gamma", type=positive_int, default=8)
     argv = sys.argv[1:] if argv is None else argv
     args = ap.parse_args(argv)
     import transformers

@@ -201,6 +201,9 @@ def test_bench_cli_rejects_bad_batch_sizes():
     for bad in (["--batch-sizes", "1,x"], ["--batch-sizes", "0"], ["--batch-sizes", "4", "--drafter", "prompt-lookup"]):
         with pytest.raises(SystemExit, match="batch-sizes"):
             main(parser.parse_args(bad))
+    # --batch-new-tokens without a sweep was ignored in silence (16 was its default, so nothing could tell)
+    with pytest.raises(SystemExit, match="--batch-new-tokens sets the batch sweep, which only --batch-sizes runs"):
+        main(parser.parse_args(["--batch-new-tokens", "8"]))
     # --hf-lookup takes two numbers (one made a raw unpacking error after the models had loaded); a device torch
     # cannot use here is named with the fix (torch's own AssertionError came from inside the first load)
     for bad in ("4", "4,2,1", "4,x", "0,2"):

@@ -177,11 +177,14 @@ def test_cli_parses_demo_flags():
     (["bench", "--batch-new-tokens", "0"], "argument --batch-new-tokens: 0 is not"),
     (["bench", "--pair", "foo"], "argument --pair: invalid choice: 'foo'"),
     (["gpu-report", "--pair", "foo"], "argument --pair: invalid choice: 'foo'"),
+    (["demo", "--sample", "--seed", str(2**64)], "argument --seed: 18446744073709551616 is not a seed"),
+    (["demo", "--sample", "--seed", "-1"], "argument --seed: -1 is not a seed, a whole number from 0 to 2"),
 ])
 def test_bad_flags_are_refused_in_one_line_before_any_model_loads(argv, says, capsys):
     """Before: --gamma 0 and --max-new-tokens 0 raised a traceback after loading and part of the warm-up; --sample
     --temperature 0 decoded greedily under a "sampling, T=0.0" label with the identity check skipped; --limit 0, -1
-    and --threads 0 failed late or were dropped in silence; an unknown pair was a traceback."""
+    and --threads 0 failed late or were dropped in silence; an unknown pair was a traceback; --seed 2**64 failed
+    after the models loaded, with "Overflow when unpacking long long" and no flag named."""
     with pytest.raises(SystemExit) as exit_:
         main(argv)
     assert exit_.value.code == 2

@@ -109,6 +109,26 @@ def test_quick_runs_one_point(gpu_check):
     assert (args.max_new_tokens, args.repeats, args.bandwidth_mib) == (48, 1, 64)
 
 
+@pytest.mark.parametrize("flag", ["--gamma", "--repeats", "--max-new-tokens", "--prompt-length", "--bandwidth-mib"])
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_a_count_below_1_is_refused_before_any_model_is_built(gpu_check, flag, value, capsys):
+    """The GPU lease's script refuses a count below 1 as it parses. Before: ``--repeats 0`` (and 0 for the new tokens
+    or the bandwidth buffer) was silently replaced by the default (``x or default``), and ``--gamma 0`` or
+    ``--repeats -1`` failed with a traceback minutes later, after the models were built and three sections had run."""
+    with pytest.raises(SystemExit):
+        gpu_check.parse_args(["--device", "cpu", flag, value])
+    assert "is not a whole number >= 1" in capsys.readouterr().err
+    kept = gpu_check.parse_args(["--device", "cpu", "--quick", flag, "2"])  # the control: an explicit value is kept
+    assert getattr(kept, flag[2:].replace("-", "_")) == 2
+
+
+def test_an_unknown_device_is_a_usage_error_not_a_traceback(gpu_check, capsys):
+    """Before: ``torch.device("foo")`` ran ahead of the friendly check, so ``--device foo`` raised a RuntimeError."""
+    with pytest.raises(SystemExit):
+        gpu_check.parse_args(["--device", "foo"])
+    assert "not a device torch knows" in capsys.readouterr().err
+
+
 def test_a_divergence_is_reported_with_its_position_and_margin(gpu_check):
     report = {"position": 7, "reference_token": 11, "candidate_token": 12, "top2_margin": 0.0625, "candidate_margin": 0.0625}
     assert gpu_check.describe(None) == "identical"
@@ -541,7 +561,7 @@ def test_the_hf_comparisons_ratios_and_sameness_come_from_the_right_runs(gpu_che
 def test_compile_mode_and_bandwidth_buffer_defaults_follow_the_device(gpu_check, monkeypatch):
     """On CUDA with inductor the mode is reduce-overhead (CUDA graphs) and the bandwidth buffer 1 GiB; on a CPU no mode
     (CUDA graphs need CUDA) and 64 MiB. ``requested_device`` is stubbed: no GPU is needed to parse the arguments."""
-    monkeypatch.setattr(gpu_check, "requested_device", lambda device: None)
+    monkeypatch.setattr(gpu_check, "requested_device", torch.device)
     cuda = gpu_check.parse_args(["--device", "cuda"])
     assert cuda.compile_options == {"backend": "inductor", "mode": "reduce-overhead"} and cuda.bandwidth_mib == 1024
     cpu = gpu_check.parse_args(["--device", "cpu"])

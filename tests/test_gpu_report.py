@@ -87,6 +87,21 @@ def test_the_verdict_never_contradicts_the_measured_speedup(measured, says):
     assert "So a drafter with this draft's cost at α = 0.80 pays on this device" in dial and "this pair" not in dial
 
 
+@pytest.mark.parametrize("extra", [["--quick"], ["--pair", "embedded"]])
+def test_predict_refuses_the_flags_it_would_ignore(extra):
+    """``--predict`` prints a fixed table; ``--quick`` and ``--pair`` beside it were ignored in silence (exit 0)."""
+    import argparse
+
+    from specdec_edu.commands.gpu_report import add_arguments, main
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    with pytest.raises(SystemExit, match="--predict prints a fixed table .*leave out --quick and --pair"):
+        main(parser.parse_args(["--predict", *extra]), io.StringIO())
+    out = io.StringIO()  # the control: --predict alone prints the table
+    assert main(parser.parse_args(["--predict"]), out) == 0 and "predicted" in out.getvalue()
+
+
 def test_the_predicted_table_follows_bandwidth():
     """Slow memory makes the 1.7B target slow and c small (a T4, an L4); fast memory leaves the per-layer cost,
     and the 30-layer draft costs as much as the 24-layer target (as measured on the H200)."""

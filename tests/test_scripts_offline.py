@@ -320,6 +320,21 @@ def test_suffix_eval_defaults_match_the_docstring(monkeypatch):
     assert args.fractions[0] == 0.0 and args.fractions[-1] == 1.0  # 0: the request alone; 1: the whole corpus
 
 
+@pytest.mark.parametrize("script, argv, says", [
+    ("suffix_budget", ["--out", "x.json", "--threads", "0"], "argument --threads: 0 is not a whole number >= 1"),
+    ("suffix_budget", ["--out", "x.json", "--tokens", "0"], "argument --tokens: 0 is not a whole number >= 1"),
+    ("suffix_eval", ["sweep", "--out", "x.json", "--gamma", "0"], "argument --gamma: 0 is not a whole number >= 1"),
+    ("suffix_eval", ["sweep", "--out", "x.json", "--prompts", "-1"], "argument --prompts: -1 is not a whole number"),
+    ("compile_cost", ["--pair", "foo"], "argument --pair: invalid choice: 'foo'"),
+])
+def test_the_scripts_refuse_a_bad_count_or_pair_as_they_parse(script, argv, says, capsys):
+    """Before: --threads 0 was a raw set_num_threads error, --tokens 0 measured an empty corpus in silence, γ 0 failed
+    after the models loaded, and an unknown pair was a ValueError traceback."""
+    with pytest.raises(SystemExit) as exit_:
+        load_script(script).main(argv)
+    assert exit_.value.code == 2 and says in capsys.readouterr().err
+
+
 # ---- scripts/suffix_budget.py ------------------------------------------------------------------------------
 
 

@@ -30,6 +30,18 @@ def positive_float(text: str) -> float:
     return value
 
 
+def random_seed(text: str) -> int:
+    """A whole number from 0 to 2**64 - 1 (what ``torch.Generator.manual_seed`` takes; larger overflows there, after the
+    models have loaded)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 0 <= value < 2**64:
+        raise argparse.ArgumentTypeError(f"{value} is not a seed, a whole number from 0 to 2**64 - 1")
+    return value
+
+
 def _finite_number(text: str) -> float:
     try:
         value = float(text)

@@ -510,8 +510,8 @@ def add_arguments(parser) -> None:
                         ".png, .pdf, .svg, ...)")
     parser.add_argument("--batch-sizes", metavar="LIST", default="",
                         help="also measure batched decoding at these batch sizes, e.g. 1,4,16 (model drafter only)")
-    parser.add_argument("--batch-new-tokens", type=positive_int, default=16,
-                        help="new tokens per row in the batch sweep (default 16)")
+    parser.add_argument("--batch-new-tokens", type=positive_int, default=None,
+                        help="with --batch-sizes: new tokens per row in the batch sweep (default 16)")
     parser.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
                         help="our methods compiled on static KV caches, or eager. Compiled means, on CUDA, CUDA graphs "
                         "recorded from the eager forward, no compiler ($SPECDEC_EDU_COMPILE=inductor: torch.compile's "
@@ -546,6 +546,9 @@ def main(args) -> int:
         raise SystemExit(f"--batch-sizes {args.batch_sizes!r}: give whole numbers separated by commas, e.g. 1,4,16") from None
     if any(b < 1 for b in batch_sizes):
         raise SystemExit(f"--batch-sizes {args.batch_sizes!r}: every size must be 1 or more, e.g. 1,4,16")
+    if args.batch_new_tokens is not None and not batch_sizes:
+        raise SystemExit("--batch-new-tokens sets the batch sweep, which only --batch-sizes runs: add --batch-sizes "
+                         "(e.g. 1,4,16), or leave it out")
     if batch_sizes and args.drafter != "model":
         raise SystemExit(f"--batch-sizes runs batched drafting, which uses a draft model: add --drafter model (not "
                          f"{args.drafter}), or leave --batch-sizes out")
@@ -594,7 +597,7 @@ def main(args) -> int:
         save_json(result, args.json)
     if batch_sizes:
         result["batched"] = run_batch_sweep(target, draft, tokenizer, batch_sizes, gamma=args.gamma,
-                                            max_new_tokens=args.batch_new_tokens)
+                                            max_new_tokens=args.batch_new_tokens or 16)
         print()
         print(format_batch_table(result["batched"]))
     if args.json:

@@ -54,7 +54,7 @@ import torch
 
 from ..course.diagnostics import first_difference
 from ..course.viz import ANSI, ANSI_RESET, legend, mark_tokens, token_pieces  # noqa: F401 (ANSI*: re-exported for tests)
-from .args import positive_float, positive_int
+from .args import positive_float, positive_int, random_seed
 
 DRAFTER_LABELS = {"model": "model draft", "eagle": "EAGLE (features)", "medusa": "Medusa (features)",
                   "prompt-lookup": "prompt lookup", "suffix": "suffix (no model)"}
@@ -405,7 +405,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="sample instead of greedy decoding: speculative and target-only outputs are "
                              "then different draws from the same distribution")
     parser.add_argument("--temperature", type=positive_float, default=None, help="with --sample (default 1.0)")
-    parser.add_argument("--seed", type=int, default=None, help="with --sample (default 0)")
+    parser.add_argument("--seed", type=random_seed, default=None, help="with --sample (default 0)")
     parser.add_argument("--drafter", choices=["model", "eagle", "medusa", "prompt-lookup", "suffix", "both", "three", "all"],
                         default="three", help="three: model, prompt-lookup and suffix (default); both: model and "
                         "prompt-lookup; all: model, eagle, prompt-lookup and suffix")

@@ -267,7 +267,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ..models.embedded import PAIRS
 
     parser.add_argument("--pair", choices=sorted(PAIRS), default=None,
-                        help="model pair (default: default_pair(): smollm2 on a Colab GPU, else embedded)")
+                        help="model pair (default: default_pair(): $SPECDEC_EDU_PAIR if set, else smollm2 on a Colab GPU, "
+                        "else embedded)")
     parser.add_argument("--quick", action="store_true", help="short answers, one prompt, one repeat (a smoke test)")
     parser.add_argument("--predict", action="store_true", help="print the README's predicted table and exit")
 
@@ -277,6 +278,9 @@ def main(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
     out = out or sys.stdout
     if args.predict:
+        if args.quick or args.pair:  # a prediction from datasheets: nothing of either would be used
+            raise SystemExit("--predict prints a fixed table (datasheet bandwidths, no model runs): leave out "
+                             "--quick and --pair, or leave out --predict to measure")
         print(predicted_table(), file=out)
         return 0
     pair = args.pair or default_pair()
