@@ -67,7 +67,8 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--tokens", type=positive_int, default=1_000_000)
-    ap.add_argument("--threads", type=positive_int, default=1, help="torch threads for the target step (1: steadier on a shared CPU)")
+    ap.add_argument("--threads", type=positive_int, default=1,
+                    help="torch threads for the target step (1: steadier on a shared CPU)")
     argv = sys.argv[1:] if argv is None else argv
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
