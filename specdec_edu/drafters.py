@@ -277,7 +277,7 @@ class ModelDrafter:
     def check_target(self, target) -> None:
         """Refuse a ``target`` whose head has fewer token ids than this drafter proposes (``check_draft_head``), or that
         lives on another kind of device: the round compares p and q on one device, and one generator draws for both."""
-        draft_device, target_device = self.model.device, next(target.parameters()).device
+        draft_device, target_device = self.model.device, target.device  # as validate_prompts reads it
         if draft_device.type != target_device.type:
             raise ValueError(f"the draft model is on {draft_device} but the target on {target_device}: put both on one "
                              f"device, draft.to({str(target_device)!r}) (load_pair does).")
