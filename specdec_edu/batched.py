@@ -9,9 +9,14 @@ each row's position ids count only its valid tokens. A row therefore sees exactl
 tokens it would see alone (left padding for the prompts works the same way), and each
 row's accept/resample step is the batch-1 rule.
 
-The price: rejected drafts keep occupying cache slots (memory and attention work
-grow with γ per round), and the whole batch pays for the slowest row's drafts.
-This is why speculative decoding gains less at large batch sizes.
+What masking costs: rejected drafts keep occupying cache slots (memory and attention
+work grow with γ per round), and every row rides along for γ draft steps even where it
+rejected an early draft. These costs are secondary. Speculative decoding gains less at
+large batch sizes mainly because the verify pass stops being nearly free: where a step
+is memory-bound (a large model on a GPU, at batch 1), a forward of γ + 1 tokens costs
+about one step (the weights are read once either way), but at batch B it processes
+B·(γ + 1) tokens, and once that is compute-bound it costs about γ + 1 steps
+(``theory.expected_speedup``'s ``verify_cost``; notebook 09 measures it on your device).
 """
 
 from __future__ import annotations

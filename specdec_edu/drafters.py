@@ -219,7 +219,8 @@ class ModelDrafter:
     context (a host tensor, as the loop passes it) and relies on the loop's contract:
     a round emits the accepted drafts, then ONE token of the target's. So if the new
     context extends the last one by k tokens, the first k − 1 are accepted drafts,
-    whose K/V are already cached; only the rest is fed. A context that does not extend
+    whose K/V are already cached, except the last draft, which was never fed (when all
+    γ were accepted, k − 1 = γ and only γ − 1 are cached); only the rest is fed. A context that does not extend
     the last one (a new prompt) falls back to the common prefix of the two host
     contexts. A round this drafter did not draft breaks the contract (the context grows by
     another drafter's tokens): whoever skips it, like ``LookupThenDrafter``, calls

@@ -174,7 +174,11 @@ class GenerationStats:
 
     @property
     def tau(self) -> float:
-        """New tokens per target forward (after the prefill)."""
+        """New tokens per round (``new_tokens / rounds``; rounds are the target's forwards after the prefill).
+
+        Speculative decoding's prefill emits no token, so this is the mean tokens per verify pass, Leviathan's
+        (1 − α^(γ+1)) / (1 − α). Target-only decoding's prefill emits the first token, so there it is
+        n / (n − 1) for n new tokens, a little above 1."""
         return self.new_tokens / self.rounds if self.rounds else float("nan")
 
     @property

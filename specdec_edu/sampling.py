@@ -1,9 +1,11 @@
 """From logits to the probabilities that speculative sampling compares.
 
 Speculative sampling reproduces the *target's sampling distribution*, whatever it
-is: plain softmax, a temperature, top-k, top-p or greedy. So p (target) and q (draft)
-go through exactly the same warpers, in the same order as Hugging Face's
-``generate()``: temperature -> top-k -> top-p. Greedy decoding (``temperature=0``)
+is: plain softmax, a temperature, top-k, top-p or greedy. So p (target) must go through
+the warpers the user asked for, in the same order as Hugging Face's ``generate()``:
+temperature -> top-k -> top-p. Exactness asks nothing of q except that it is the
+distribution the draft token was really sampled from; we warp q the same way because a
+draft that samples like the target agrees with it more often (a higher α). Greedy decoding (``temperature=0``)
 is the limit where p is one-hot at the argmax; the same accept/resample rule then
 reduces to "accept the draft token iff it equals the target's argmax".
 """

@@ -43,11 +43,10 @@ def expected_tokens_per_round(alpha, gamma):
     """
     a, g = _check(alpha, gamma), np.asarray(gamma)
     near = (a > 0.999) & (a < 1)  # the plain form loses digits to cancellation here: expm1 over expm1 does not
-    safe = np.where((a == 1) | near, 0.5, a)  # no 0/0 at α = 1, no log of 0 at α = 0: those entries are replaced below
+    safe = np.where((a == 1) | near, 0.5, a)  # no 0/0 at α = 1 (those entries are replaced below)
     plain = (1 - safe ** (g + 1)) / (1 - safe)
-    log_a = np.log(np.where(near, a, 0.5))
-    exact_near_one = np.expm1((g + 1) * log_a) / np.expm1(log_a)  # (an isclose(α, 1) shortcut, here before, made
-    # α ≥ 0.99999 give exactly γ + 1, so the inverse stopped short of 1)
+    log_a = np.log(np.where(near, a, 0.5))  # the log only where it is used: no log of 0 at α = 0
+    exact_near_one = np.expm1((g + 1) * log_a) / np.expm1(log_a)  # smooth up to 1, so alpha_from_tau can reach it
     return _scalar_or_array(np.where(a == 1, g + 1.0, np.where(near, exact_near_one, plain)))
 
 
@@ -74,6 +73,8 @@ def optimal_gamma(alpha: float, c: float, max_gamma: int = 16, verify_cost=1.0) 
     γ ≥ 1 is never a recommendation to slow down. Ties go to the smaller γ.
     ``verify_cost`` may be a float or a function of γ returning t_verify(γ+1)/t_target(1).
     """
+    if not isinstance(max_gamma, (int, np.integer)) or max_gamma < 0:
+        raise ValueError(f"max_gamma must be a whole number of draft tokens >= 0 (0: no drafting), got {max_gamma!r}")
     cost = verify_cost if callable(verify_cost) else (lambda g: verify_cost)
     _check(alpha, max_gamma, c, cost(1))
     speedup = {0: 1.0} | {g: expected_speedup(alpha, g, c, cost(g)) for g in range(1, max_gamma + 1)}

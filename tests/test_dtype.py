@@ -62,8 +62,11 @@ def test_the_variable_overrides_every_device(gpu, monkeypatch, value, want):
 def test_a_pair_loaded_in_another_dtype_is_not_credited_to_the_variable(monkeypatch):
     """Notebook 05 loads its pair in fp32 even under SPECDEC_EDU_DTYPE=fp16: its line must not say the variable set it."""
     monkeypatch.setenv("SPECDEC_EDU_DTYPE", "fp16")
-    assert dtype_reason("cpu", torch.float32) == "fp32 (chosen here, over SPECDEC_EDU_DTYPE=fp16)"
+    assert dtype_reason("cpu", torch.float32) == ("fp32 (chosen here, over SPECDEC_EDU_DTYPE=fp16: the code loaded it "
+                                                   "so, or fp16 overflowed and the pair was loaded again (a warning says))")
     assert dtype_reason("cpu", torch.float16) == "fp16 (set by SPECDEC_EDU_DTYPE)"
+    monkeypatch.setenv("SPECDEC_EDU_DTYPE", "bf16")  # no fp16 to overflow: the code's choice alone
+    assert dtype_reason("cpu", torch.float32) == "fp32 (chosen here, over SPECDEC_EDU_DTYPE=bf16: the code loaded it so)"
 
 
 def test_a_bad_value_names_the_fix(monkeypatch):
@@ -107,6 +110,29 @@ def test_fp16_logits_that_overflow_reload_the_pair_in_fp32_once(monkeypatch):
         target, draft, _ = embedded.load_pair("smollm2", "cpu", torch.float16)
     assert loads == [torch.float16, torch.float32] and target.dtype == draft.dtype == torch.float32
     assert embedded.finite_logits(target)
+
+
+def test_the_fp16_pair_is_freed_before_the_fp32_load(monkeypatch):
+    """On a 15 GB T4 the fp16 pair (3.7 GB) and the fp32 one (7.4 GB) held at once would need 11 GB: the fp16 models
+    must be unreferenced when the second load starts (the first version kept them until it returned)."""
+    import gc
+    import weakref
+
+    first = []
+
+    def load(name, device, dtype):
+        if dtype == torch.float32:
+            gc.collect()
+            assert all(ref() is None for ref in first), "the fp16 pair is still alive during the fp32 load"
+        models = overflows_in_fp16(tiny_llama(0).to(dtype)), tiny_llama(1).to(dtype)
+        if dtype == torch.float16:
+            first.extend(weakref.ref(m) for m in models)
+        return (*models, None)
+
+    monkeypatch.setattr(embedded, "_load_named_pair", load)
+    with pytest.warns(UserWarning, match="fp16 logits are not finite"):
+        target, _, _ = embedded.load_pair("smollm2", "cpu", torch.float16)
+    assert target.dtype == torch.float32 and len(first) == 2
 
 
 def test_finite_fp16_logits_keep_fp16(monkeypatch, recwarn):

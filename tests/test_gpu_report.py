@@ -178,6 +178,43 @@ def test_the_report_names_the_path_the_runs_took_when_compiling_fails(tiny_pair,
     assert not numbers["compiled"]
 
 
+def test_the_report_says_when_only_the_draft_runs_eager(tiny_pair, char_tokenizer, monkeypatch):
+    """Compiling the draft can fail on its own (it has its own cache): the path line said "compiled" for both, and the
+    costs line timed an eager draft under the word "compiled"."""
+    from specdec_edu import kv
+
+    shared = kv.shared_static_cache
+
+    def no_draft(model, min_len, compile_options=None, role="target"):
+        if role == "draft":
+            raise RuntimeError("forced failure of the draft's compile")
+        return shared(model, min_len, compile_options, role)
+
+    monkeypatch.setattr(kv, "shared_static_cache", no_draft)
+    with pytest.warns(UserWarning, match="compiling the draft failed"):
+        numbers, text = _report(tiny_pair, char_tokenizer, monkeypatch, "aot_eager")
+    assert numbers["compiled"]
+    assert "for the target; the draft runs eager (compiling it failed here" in text, text
+    assert "float32, compiled (the draft eager): target step" in text
+
+
+def test_a_failed_output_check_does_not_stop_the_report(tiny_pair, char_tokenizer, monkeypatch):
+    """``check_same_output`` raises where numerics cannot explain a difference; the report printed nothing after it.
+    It now prints the failure in the output's place and goes on to the dial's line."""
+    from specdec_edu.course import diagnostics
+
+    def mismatch(*args, **kwargs):
+        raise diagnostics.OutputMismatch("forced: the outputs part at new token 2")
+
+    monkeypatch.setattr(diagnostics, "check_same_output", mismatch)
+    monkeypatch.delenv("SPECDEC_EDU_DTYPE", raising=False)
+    out = io.StringIO()
+    run_report(*tiny_pair, char_tokenizer, TINY, out, pair="tiny", load_seconds=0.0)
+    text = out.getvalue()
+    assert "note: OUTPUT CHECK FAILED: forced: the outputs part at new token 2" in text
+    assert "dial drafter at α = 0.8" in text
+
+
 def test_the_report_times_the_draft_on_the_cache_its_generations_compiled(tiny_pair, char_tokenizer, monkeypatch):
     """The draft's step was timed on a second compiled cache (role "target"): every width compiled twice."""
     from specdec_edu import kv

@@ -588,3 +588,27 @@ def test_gamma_is_cut_in_one_place():
     assert gamma_within(4, 10, draft_limit=9) == 0  # a context the draft cannot read: a target-only step
     assert gamma_within(4, 20, draft_limit=9) == 0  # far past it: still 0 drafts, never a negative γ
     assert not hasattr(result.RoundRecorder, "room") and not hasattr(drafters, "gamma_within_positions")
+
+
+def test_every_loop_asks_gamma_within(monkeypatch):
+    """The callers of the rule above: one prompt and a batch (through ``round_gamma``, which passes the draft's
+    position limit for a batch) and, for one prompt, a ModelDrafter's own cut (``drafters.gamma_within``) each call it
+    in a generation. A loop that cut γ by its own arithmetic would leave its count at 0."""
+    from specdec_edu import drafters, round
+
+    calls = {"round": 0, "drafters": 0}
+
+    def counting(where, rule):
+        def wrapped(*args, **kwargs):
+            calls[where] += 1
+            return rule(*args, **kwargs)
+        return wrapped
+
+    monkeypatch.setattr(round, "gamma_within", counting("round", round.gamma_within))
+    monkeypatch.setattr(drafters, "gamma_within", counting("drafters", drafters.gamma_within))
+    target, draft = tiny_llama(seed=3), tiny_llama(seed=4)
+    for ids in (torch.tensor([[1, 2, 3]]), torch.tensor([[1, 2, 3], [4, 5, 6]])):
+        calls.update(round=0, drafters=0)
+        speculative_generate(target, draft, ids, max_new_tokens=6, gamma=3)
+        assert calls["round"] > 0 and (calls["drafters"] > 0 or len(ids) > 1), (ids.shape, calls)  # a batch drafts
+        # through its own Batch, not ModelDrafter.propose

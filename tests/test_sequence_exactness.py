@@ -39,12 +39,12 @@ def transformers_probs(logits, temperature, top_k, top_p):
     return scores.softmax(-1).reshape(logits.shape)
 
 
-def exact_distribution(target, temperature, top_k, top_p):
-    """{(x1, x2, x3): probability} under the target's warped distribution, by enumeration."""
+def exact_distribution(target, temperature, top_k, top_p, prompt=PROMPT):
+    """{(x1, x2, x3): probability} under the target's warped distribution after ``prompt [1, n]``, by enumeration."""
     conts = torch.tensor(list(itertools.product(range(target.config.vocab_size), repeat=3)))  # [512, 3]
-    ids = torch.cat([PROMPT.expand(len(conts), -1), conts], 1)
+    ids = torch.cat([prompt.expand(len(conts), -1), conts], 1)
     with torch.no_grad():
-        logits = target(ids).logits[:, PROMPT.shape[1] - 1 : -1]  # [512, 3, V]: next-token logits at each step
+        logits = target(ids).logits[:, prompt.shape[1] - 1 : -1]  # [512, 3, V]: next-token logits at each step
     probs = transformers_probs(logits.double(), temperature, top_k, top_p)
     step = probs.gather(-1, conts[..., None])[..., 0]  # [512, 3]
     return {tuple(c): float(pr) for c, pr in zip(conts.tolist(), step.prod(-1))}

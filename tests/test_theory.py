@@ -69,9 +69,10 @@ def test_optimal_gamma_and_inverse():
         assert alpha_from_tau(expected_tokens_per_round(alpha, 5), 5) == pytest.approx(alpha, abs=1e-8)
 
 
-@pytest.mark.parametrize("args", [(-0.1, 4, 0.1), (1.1, 4, 0.1), (0.5, -1, 0.1), (0.5, 4, -0.1)])
-def test_bad_arguments(args):
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize("args, names", [((-0.1, 4, 0.1), "alpha must lie in"), ((1.1, 4, 0.1), "alpha must lie in"),
+                                         ((0.5, -1, 0.1), "gamma must be >= 0"), ((0.5, 4, -0.1), "c .* must be >= 0")])
+def test_bad_arguments(args, names):
+    with pytest.raises(ValueError, match=names):
         expected_speedup(*args)
 
 
@@ -139,8 +140,10 @@ def test_optimal_gamma_breaks_ties_towards_not_speculating():
 
 
 def test_optimal_gamma_refuses_a_negative_ceiling():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="max_gamma must be"):
         optimal_gamma(0.8, 0.1, max_gamma=-1)
+    with pytest.raises(ValueError, match="max_gamma must be"):
+        optimal_gamma(0.8, 0.1, max_gamma=2.5)
 
 
 def test_alpha_from_tau_exact_ends_and_an_impossible_tau():

@@ -59,10 +59,9 @@ def resample_from_target(p, q, draft_tokens, generator=None):
 
 
 def bonus_from_previous_position(p, q, draft_tokens, generator=None):
-    """Correct rule, except that the bonus token comes from p_γ instead of p_{γ+1} (an off-by-one; rows
-    ``p[γ-1]`` instead of ``p[γ]``).
+    """Correct rule, except that the bonus token comes from row ``p[γ-1]`` instead of ``p[γ]`` (an off-by-one).
 
-    p_γ is the target's distribution for the *last draft's* position, not for the
+    Row ``p[γ-1]`` is the target's distribution for the *last draft's* position, not for the
     position after it, so after a fully accepted round the extra token follows the
     wrong distribution (often repeating what the last draft was likely to be).
     Accepted and corrected tokens stay right: only rounds that accept everything go wrong.
@@ -74,16 +73,17 @@ def bonus_from_previous_position(p, q, draft_tokens, generator=None):
 
 
 def residual_one_position_late(p, q, draft_tokens, generator=None):
-    """Correct acceptance, but after a rejection at position n the residual of position n+1.
+    """Correct acceptance, but after n accepted drafts the residual of the row after the rejected one.
 
-    normalize(max(0, p_{n+1} − q_{n+1})) is the correction for a token the round never
-    reaches; the emitted token should replace draft n, whose distributions are p_n and q_n.
-    When n + 1 is past the last draft (n = γ−1) there is no later draft, so the residual
-    of position γ−1 (the right one) is used: the error is in rejections before the last draft.
+    Rows count from 0 here, as the tensors do: the rejected draft is row n, whose distributions
+    are ``p[n]`` and ``q[n]``, and its correction is normalize(max(0, p[n] − q[n])). This control
+    takes ``p[n+1]`` and ``q[n+1]`` instead, the rows of a draft the round never reaches. When
+    n + 1 is past the last draft (n = γ−1) there is no later draft, so row γ−1 (the right one)
+    is used: the error is in rejections before the last draft.
     """
     gamma = draft_tokens.shape[0]
     n = n_accepted(p, q, draft_tokens, generator)
-    if n == gamma:  # everything accepted: the bonus from p_γ, as in the real rule
+    if n == gamma:  # everything accepted: the bonus from row p[γ], as in the real rule
         return n, int(sample(p[gamma], generator))
     late = min(n + 1, gamma - 1)
     return n, int(sample(residual_distribution(p[late], q[late]), generator))

@@ -14,7 +14,9 @@ target adds, ``(x_0, …, x_{k−1}, t)``. Speculative sampling must emit that t
 * ``min(p_0, q_0)(x_0) ··· min(p_{γ−1}, q_{γ−1})(x_{γ−1}) · p_γ(t)`` if all γ drafts were kept (t is
   the bonus token),
 
-which is notebook 05's proof, one term per line (:func:`emitted_distribution`). The harness
+which is notebook 05's proof, one term per line (:func:`emitted_distribution`). Indices here count from 0, as
+the tensor rows do: p_0 is row ``p[0]`` and the bonus row p_γ is ``p[γ]`` (``verify.py`` counts positions from 1,
+as the papers do, and calls the same rows p_1 … p_{γ+1}). The harness
 compares the counts with these probabilities in a χ² goodness-of-fit test. An outcome of
 probability 0 (say, a correction the residual excludes) cannot come from the correct rule at all,
 so a single one gives p-value 0.

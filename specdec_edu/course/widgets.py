@@ -37,6 +37,7 @@ __all__ = [
     "Explorer",
     "accept_rule_explorer",
     "residual_explorer",
+    "residual_numbers",
 ]
 
 
@@ -51,7 +52,8 @@ def simulate_first_token(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Run one draft-and-verify step ``n`` times on toy distributions (γ = 1).
 
-    Each trial draws a draft token x ~ q, then calls ``accept_fn(p, q, [x], generator)``;
+    Each trial draws a draft token x ~ q, then calls ``accept_fn(p_rows, q_rows, [x], generator)`` with
+    ``p_rows [2, V]`` (p twice: the rule's row for x and its bonus row) and ``q_rows [1, V]``;
     the first token the step emits is x if it was accepted, else the token ``accept_fn``
     put in its place. Returns ``(tokens, accepted)``: the ``n`` emitted token ids and, per
     trial, whether the draft was accepted (both numpy arrays, in trial order).
@@ -204,6 +206,34 @@ def accept_rule_explorer(p_x: float = 0.1, q_x: float = 0.5, flips: int = 1000, 
     return _live_explorer(controls, rows, state, compute, figure, summary)
 
 
+def residual_numbers(p_weights, q_weights, samples: int, generator: torch.Generator) -> dict:
+    """What :func:`residual_explorer` draws, for weights ``p_weights`` and ``q_weights`` ``[V]`` (each row
+    normalised here): numpy arrays ``[V]`` for ``p``, ``q``, ``min_pq``, ``accepted`` (q · min(1, p/q), the
+    same as min(p, q)), ``residual``, ``output`` (exact) and ``simulated`` (the share of ``samples`` simulated
+    verification steps that emitted each token), and the floats ``rejection_probability`` and ``max_abs_diff``
+    (max |output − p|), with ``residual_used`` (False where q = p, so nothing is ever rejected)."""
+    pt, qt = as_distribution(p_weights), as_distribution(q_weights)
+    accepted = qt * acceptance_probability(pt, qt)
+    never_rejects = float(1 - accepted.sum()) <= 1e-12  # q = p: nothing to correct
+    # residual_distribution falls back to p when max(0, p − q) is all zero (the loop never uses it then);
+    # the widget must not draw that p as "the residual"
+    residual = torch.zeros_like(pt) if never_rejects else residual_distribution(pt, qt)
+    exact = output_distribution(pt, qt)
+    tokens_out, _ = simulate_first_token(pt, qt, samples, generator=generator)
+    return dict(
+        p=pt.numpy(),
+        q=qt.numpy(),
+        min_pq=torch.minimum(pt, qt).numpy(),
+        accepted=accepted.numpy(),
+        rejection_probability=float(1 - accepted.sum()),
+        residual=residual.numpy(),
+        residual_used=not never_rejects,
+        output=exact.numpy(),
+        simulated=np.bincount(tokens_out, minlength=len(pt)) / samples,  # one entry per token, emitted or not
+        max_abs_diff=float((exact - pt).abs().max()),
+    )
+
+
 def residual_explorer(
     tokens: Sequence[str] = ("everyday", "today", "tomorrow"),
     p: Sequence[float] = (0.5, 0.1, 0.4),
@@ -247,28 +277,7 @@ def residual_explorer(
             for readout in normalised.values():
                 readout.value = "→ p, q undefined"
             return
-        pt, qt = as_distribution(pw), as_distribution(qw)
-        accepted = qt * acceptance_probability(pt, qt)
-        never_rejects = float(1 - accepted.sum()) <= 1e-12  # q = p: nothing to correct
-        # residual_distribution falls back to p when max(0, p − q) is all zero (the loop never uses it then);
-        # the widget must not draw that p as "the residual"
-        residual = torch.zeros_like(pt) if never_rejects else residual_distribution(pt, qt)
-        exact = output_distribution(pt, qt)
-        tokens_out, _ = simulate_first_token(pt, qt, samples, generator=torch.Generator().manual_seed(seed))
-        counts = np.bincount(tokens_out, minlength=len(tokens))
-        state.update(
-            error=None,
-            p=pt.numpy(),
-            q=qt.numpy(),
-            min_pq=torch.minimum(pt, qt).numpy(),
-            accepted=accepted.numpy(),
-            rejection_probability=float(1 - accepted.sum()),
-            residual=residual.numpy(),
-            residual_used=not never_rejects,
-            output=exact.numpy(),
-            simulated=counts / samples,
-            max_abs_diff=float((exact - pt).abs().max()),
-        )
+        state.update(error=None, **residual_numbers(pw, qw, samples, torch.Generator().manual_seed(seed)))
         for t, p_t, q_t in zip(tokens, state["p"], state["q"]):
             normalised[t].value = f"→ p({t}) = {p_t:.2f}, q({t}) = {q_t:.2f}"
 

@@ -161,7 +161,9 @@ def dtype_reason(device, dtype: torch.dtype) -> str:
     if chosen:  # the override decides, unless the code loaded this pair in another dtype on purpose (notebook 05)
         if DTYPES.get(chosen) == dtype:
             return f"{name} (set by SPECDEC_EDU_DTYPE)"
-        return f"{name} (chosen here, over SPECDEC_EDU_DTYPE={chosen})"
+        overflow = ", or fp16 overflowed and the pair was loaded again (a warning says)" if (
+            chosen == "fp16" and dtype == torch.float32) else ""
+        return f"{name} (chosen here, over SPECDEC_EDU_DTYPE={chosen}: the code loaded it so{overflow})"
     if device.type != "cuda":
         return (f"{name} (on {device.type}: the course's default off a GPU: "
                 "its rounding stays far below anything that could flip a token)")

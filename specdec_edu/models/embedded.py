@@ -264,6 +264,9 @@ def load_pair(name: str = "smollm2", device=None, dtype=None):
     if dtype == torch.float16 and not (finite_logits(target) and finite_logits(draft)):
         warnings.warn(f"the {name!r} pair's fp16 logits are not finite (fp16 overflowed on this device), so it is "
                       "loaded again in float32.", stacklevel=2)
+        del target, draft  # free the fp16 pair first: both copies at once would need 1.5× the fp32 pair's memory
+        if device.type == "cuda":
+            torch.cuda.empty_cache()  # hand the freed blocks back, so the fp32 load can have them
         target, draft, tokenizer = _load_named_pair(name, device, torch.float32)
     return target, draft, tokenizer
 
