@@ -198,6 +198,15 @@ class Check:
                                      repeats=self.args.repeats, warmup=1, progress=False)
 
 
+def at_least_two(text: str) -> int:
+    """A whole number >= 2 (new tokens: the first comes from the prefill, so one token times no decode step)."""
+    value = positive_int(text)
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"{value}: give at least 2 new tokens (the first comes from the prefill, "
+                                         "so 1 would time no decode step)")
+    return value
+
+
 def dial_points(gamma: int, quick: bool) -> list[tuple[float, int]]:
     """(noise, γ) of the speculative rows: α ≈ 0.8 at γ first (the goals' point), then α ≈ 1, then γ ∓ 2."""
     if quick:
@@ -387,7 +396,8 @@ def parse_args(argv):
     parser.add_argument("--gamma", type=positive_int, default=4,
                         help="γ of the main rows (the default run adds γ ∓ 2 at α ≈ 0.8)")
     parser.add_argument("--quick", action="store_true", help="one γ and one α, fewer tokens and repeats")
-    parser.add_argument("--max-new-tokens", type=positive_int, default=None, help="default 96 (48 with --quick)")
+    parser.add_argument("--max-new-tokens", type=at_least_two, default=None,
+                        help="default 96 (48 with --quick); at least 2: a decode step is timed after the prefill's token")
     parser.add_argument("--prompt-length", type=positive_int, default=64)
     parser.add_argument("--repeats", type=positive_int, default=None,
                         help="timed rounds after one warm-up; default 3 (1 with --quick)")

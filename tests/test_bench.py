@@ -9,6 +9,7 @@ import copy
 import inspect
 import json
 import re
+import statistics
 import types
 from pathlib import Path
 
@@ -180,6 +181,40 @@ def test_batch_sweep_is_exact_per_row(tiny_close_pair, char_tokenizer):
     assert f"| 3 | {rows[1]['target_only_tok_s']:.1f} | {rows[1]['speculative_tok_s']:.1f} |" in table
     ids, mask = left_padded_batch(char_tokenizer, ["a", "a longer prompt"], 2, "cpu")
     assert mask[:, -1].all() and not mask[0, 0]  # left padding: the short prompt is padded at the front
+
+
+def test_batch_sweep_warms_up_each_size_and_interleaves_its_repeats(tiny_close_pair, char_tokenizer, monkeypatch):
+    """The sweep ran each size once, target-only first: a new shape's first forwards (allocation) landed on
+    target-only alone, and one run gave the table. Now each size gets a warm-up of both, then ``repeats`` runs
+    taken in turn; the row reports each method's median tokens/s, every run kept beside it."""
+    calls = []
+
+    def recording(name, fn):
+        def run(*args, **kwargs):
+            calls.append((name, args[-1].shape[0] if name == "ar" else args[2].shape[0]))
+            return fn(*args, **kwargs)
+        return run
+
+    monkeypatch.setattr(bench, "autoregressive_generate", recording("ar", bench.autoregressive_generate))
+    monkeypatch.setattr(bench, "speculative_generate", recording("sd", bench.speculative_generate))
+    rows = run_batch_sweep(*tiny_close_pair, char_tokenizer, [1, 3], gamma=3, max_new_tokens=4, repeats=3,
+                           progress=False)
+    assert calls == [("ar", 1), ("sd", 1)] * 4 + [("ar", 3), ("sd", 3)] * 4  # warm-up + 3, in turn, per size
+    for row in rows:
+        assert len(row["target_only_tok_s_per_repeat"]) == len(row["speculative_tok_s_per_repeat"]) == 3
+        assert row["target_only_tok_s"] == statistics.median(row["target_only_tok_s_per_repeat"])
+        assert row["speedup"] == statistics.median(row["speculative_tok_s_per_repeat"]) / row["target_only_tok_s"]
+
+
+def test_an_undefined_ratio_is_written_as_null(tmp_path):
+    """``json.dumps`` writes NaN (α where nothing was judged) as ``NaN``, which JSON readers refuse (``jq``,
+    JavaScript); the file must hold ``null`` there and stay readable by a strict parser."""
+    path = tmp_path / "r.json"
+    bench.save_json({"alpha": float("nan"), "batched": [{"alpha": float("nan"), "speedup": 0.9}], "c": 0.1}, str(path))
+    text = path.read_text()
+    assert "NaN" not in text
+    loaded = json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in the JSON"))
+    assert loaded == {"alpha": None, "batched": [{"alpha": None, "speedup": 0.9}], "c": 0.1}
 
 
 def test_help_gives_the_suffix_drafters_own_default_min_prob():

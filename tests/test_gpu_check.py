@@ -122,6 +122,15 @@ def test_a_count_below_1_is_refused_before_any_model_is_built(gpu_check, flag, v
     assert getattr(kept, flag[2:].replace("-", "_")) == 2
 
 
+def test_one_new_token_is_refused_as_it_times_no_decode_step(gpu_check, capsys):
+    """The first token comes from the prefill: ``--max-new-tokens 1`` divided by zero decode rounds (a
+    ZeroDivisionError after the models were built). The control: 2 is kept."""
+    with pytest.raises(SystemExit):
+        gpu_check.parse_args(["--device", "cpu", "--max-new-tokens", "1"])
+    assert "give at least 2 new tokens" in capsys.readouterr().err
+    assert gpu_check.parse_args(["--device", "cpu", "--max-new-tokens", "2"]).max_new_tokens == 2
+
+
 def test_an_unknown_device_is_a_usage_error_not_a_traceback(gpu_check, capsys):
     """Before: ``torch.device("foo")`` ran ahead of the friendly check, so ``--device foo`` raised a RuntimeError."""
     with pytest.raises(SystemExit):

@@ -314,6 +314,17 @@ def test_both_verdict_lines_weigh_the_measured_speedup(tiny_pair, char_tokenizer
     assert f"measured {numbers['speedup_own']:.2f}×" in own and f"measured {numbers['speedup_dial']:.2f}×" in dial
     assert len(verdicts) == 2 and f"measured {numbers['speedup_own']:.2f}×" in verdicts[0]
     assert f"measured {numbers['speedup_dial']:.2f}×" in verdicts[1]
+    # each prediction at the α its run had (the dial's was at its setting, 0.8, whatever the run measured)
+    assert verdicts[0].startswith(f"  At α = {numbers['alpha_own']:.2f},")
+    assert verdicts[1].startswith(f"  At α = {numbers['alpha_dial']:.2f},")
+
+
+def test_the_verdict_without_a_judged_draft_predicts_nothing():
+    """α is NaN where no draft was judged; ``with_verify > 1`` was then False, and the line said "does not pay"."""
+    costs = {"c": 0.2, "verify_cost": 1.1}
+    sentence = verdict(costs, alpha=float("nan"), gamma=4, measured=0.97)
+    assert "α is undefined" in sentence and "measured 0.97×" in sentence and "pay" not in sentence
+    assert "does not pay" in verdict(costs, alpha=0.0, gamma=4)  # the control: α = 0 is a prediction
 
 
 def test_quick_picks_the_quick_settings(monkeypatch):

@@ -264,34 +264,39 @@ def left_padded_batch(tokenizer, prompts: list[str], batch_size: int, device) ->
     return enc.input_ids.to(device), enc.attention_mask.to(device)
 
 
-def run_batch_sweep(target, draft, tokenizer, batch_sizes, *, gamma=4, max_new_tokens=16, progress=True) -> list[dict]:
+def run_batch_sweep(target, draft, tokenizer, batch_sizes, *, gamma=4, max_new_tokens=16, repeats=3,
+                    progress=True) -> list[dict]:
     """Batched target-only vs batched speculative decoding (ours, exact per row) at each batch size.
 
-    No EOS, so every row makes ``max_new_tokens`` tokens and tokens/s compare fairly. One warm-up
-    at batch 2, then for each size target-only and speculative back to back; rows must be identical.
+    No EOS, so every row makes ``max_new_tokens`` tokens and tokens/s compare fairly. At each size, one untimed
+    warm-up of both (a new batch shape's first forwards allocate: untimed, that cost lands on neither), then
+    ``repeats`` interleaved runs of target-only and speculative; the row reports each method's median tokens/s
+    (``*_tok_s_per_repeat`` keeps every run). Rows must be identical.
     """
     from tqdm.auto import tqdm
 
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
-    def pair_of_runs(b):
-        ids, mask = left_padded_batch(tokenizer, CHAT_PROMPTS, b, target.device)
-        ar = autoregressive_generate(target, ids, attention_mask=mask, max_new_tokens=max_new_tokens, pad_token_id=pad)
-        sd = speculative_generate(target, draft, ids, attention_mask=mask, max_new_tokens=max_new_tokens, gamma=gamma,
-                                  pad_token_id=pad)
-        return ar, sd
+    def methods(ids, mask):  # the two runs of one batch, left-padded
+        kw = dict(attention_mask=mask, max_new_tokens=max_new_tokens, pad_token_id=pad)
+        return {"target_only": lambda: autoregressive_generate(target, ids, **kw),
+                "speculative": lambda: speculative_generate(target, draft, ids, gamma=gamma, **kw)}
 
-    pair_of_runs(2)
     rows = []
     for b in tqdm(list(batch_sizes), desc="batch sizes", disable=not progress):
-        ar, sd = pair_of_runs(b)
+        batch = left_padded_batch(tokenizer, CHAT_PROMPTS, b, target.device)
+        runs = interleaved_benchmark(methods(*batch), repeats=repeats, warmup=1, progress=False)
+        tok_s = {name: [r.stats.tokens_per_second for r in rs] for name, rs in runs.items()}
+        ar, sd = runs["target_only"][-1], runs["speculative"][-1]  # greedy: every repeat gives the same tokens
         rows.append({
             "batch": b,
-            "target_only_tok_s": ar.stats.tokens_per_second,
-            "speculative_tok_s": sd.stats.tokens_per_second,
-            "speedup": sd.stats.tokens_per_second / ar.stats.tokens_per_second,
+            "target_only_tok_s": statistics.median(tok_s["target_only"]),
+            "speculative_tok_s": statistics.median(tok_s["speculative"]),
+            "speedup": statistics.median(tok_s["speculative"]) / statistics.median(tok_s["target_only"]),
             "alpha": sd.stats.alpha,
             "identical_rows": ar.new_tokens.tolist() == sd.new_tokens.tolist() and ar.lengths == sd.lengths,
+            "target_only_tok_s_per_repeat": tok_s["target_only"],
+            "speculative_tok_s_per_repeat": tok_s["speculative"],
         })
     return rows
 
@@ -465,10 +470,22 @@ def can_write(path: str) -> bool:
     return True
 
 
+def without_nan(value):
+    """``value`` with every float NaN (an undefined ratio: α where nothing was judged) replaced by None, in nested
+    dicts and lists: ``json.dumps`` would write ``NaN``, which JSON readers refuse."""
+    if isinstance(value, float) and value != value:
+        return None
+    if isinstance(value, dict):
+        return {k: without_nan(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [without_nan(v) for v in value]
+    return value
+
+
 def save_json(result: dict, path: str) -> None:
     """Write ``result`` to ``path``. If that fails after all (the disk filled up, the folder went away), the run is
     not lost: it goes to a file in the temporary folder, and one ``error:`` line says where."""
-    text = json.dumps(result, indent=2)
+    text = json.dumps(without_nan(result), indent=2, allow_nan=False)  # NaN is no JSON: α with nothing judged is null
     try:
         Path(path).write_text(text)
     except OSError as exc:
@@ -509,7 +526,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--plot", metavar="FILE", help="write a bar chart of tokens/s (the suffix names the type: "
                         ".png, .pdf, .svg, ...)")
     parser.add_argument("--batch-sizes", metavar="LIST", default="",
-                        help="also measure batched decoding at these batch sizes, e.g. 1,4,16 (model drafter only)")
+                        help="also measure batched decoding at these batch sizes, e.g. 1,4,16 (model drafter only; "
+                        "at each size one warm-up, then --repeats interleaved runs, medians reported)")
     parser.add_argument("--batch-new-tokens", type=positive_int, default=None,
                         help="with --batch-sizes: new tokens per row in the batch sweep (default 16)")
     parser.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
@@ -597,7 +615,7 @@ def main(args) -> int:
         save_json(result, args.json)
     if batch_sizes:
         result["batched"] = run_batch_sweep(target, draft, tokenizer, batch_sizes, gamma=args.gamma,
-                                            max_new_tokens=args.batch_new_tokens or 16)
+                                            max_new_tokens=args.batch_new_tokens or 16, repeats=args.repeats)
         print()
         print(format_batch_table(result["batched"]))
     if args.json:

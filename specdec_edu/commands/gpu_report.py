@@ -95,6 +95,9 @@ def verdict(costs: dict, alpha: float, gamma: int, measured: float | None = None
     from ..theory import alpha_for_speedup, expected_speedup
 
     c, verify = costs["c"], costs["verify_cost"]
+    if alpha != alpha:  # NaN: no draft was judged (every round drafted nothing), so the formula has no α to take
+        return ("No draft was judged in this run, so α is undefined and Leviathan's formula predicts nothing"
+                + (f"; measured {measured:.2f}×." if measured is not None else "."))
     leviathan = expected_speedup(alpha, gamma, c)
     with_verify = expected_speedup(alpha, gamma, c, verify)
     try:
@@ -211,8 +214,9 @@ def run_report(target, draft, tokenizer, settings: ReportSettings | None = None,
     dial_speedup, dial_alpha, _ = _median_speedup(target, dial, prompts[0], settings, eos=None)
     say(f"dial drafter at α = {DIAL_ALPHA} (the real draft's cost, α set by a dial): measured {dial_speedup:.2f}× "
         f"(α = {dial_alpha:.2f} in the run, by chance on {settings.max_new_tokens} tokens)")
-    say("  " + verdict(costs, dial.alpha, settings.gamma, dial_speedup,
-                       subject=f"a drafter with this draft's cost at α = {dial.alpha:.2f}"))
+    # the prediction at the α the run had, which the measured speedup answers to (the dial sets 0.8 on average)
+    say("  " + verdict(costs, dial_alpha, settings.gamma, dial_speedup,
+                       subject=f"a drafter with this draft's cost at α = {dial_alpha:.2f}"))
     return {"device": name, "dtype": str(dtype), "compiled": compiled, "first_call_seconds": first, **costs,
             "speedup_own": speedup_own, "alpha_own": alpha_own, "speedup_dial": dial_speedup,
             "alpha_dial": dial_alpha, "dial_reference_replays": replays}
