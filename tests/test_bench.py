@@ -304,10 +304,15 @@ def test_bench_compiled_runs_the_eager_twins_beside(target, closer_draft, own_co
     check_summary(result, methods, gamma=3, repeats=1, tok_s=tok_s_of(methods, 12))
     # compiled tok/s / eager tok/s: target-only 16 s / 2 s per call, speculative 0.125 s / 0.5 s (the inverses: 0.125, 4)
     assert result["compiled"] and result["compiled_over_eager"] == {"target_only": 8.0, "speculative": 0.25}
+    # HF's assisted generation is eager: beside ours compiled / theirs, ours eager / theirs (like for like)
+    assert result["speculative_eager_vs_hf_assisted"] == (result["tok_s"]["speculative_eager"]
+                                                          / result["tok_s"]["hf_assisted"])
+    assert result["speculative_vs_hf_assisted"] == result["tok_s"]["speculative"] / result["tok_s"]["hf_assisted"]
     assert format_table(result).startswith("our methods: compiled (torch.compile); the *_eager rows beside them")
     assert result["path"] == "compiled (torch.compile)"  # the CPU's compiled path (gpu_report.compiled_path)
     eager = run_bench(target, closer_draft, inputs, drafter="model", gamma=3, max_new_tokens=12, repeats=1, progress=False)
     assert not eager["compiled"] and "compiled_over_eager" not in eager  # the CPU default: eager, no twins
+    assert "speculative_eager_vs_hf_assisted" not in eager  # eager already: speculative_vs_hf_assisted is like for like
     assert format_table(eager).startswith("our methods: eager\n") and eager["path"] == "eager"
 
 

@@ -359,6 +359,8 @@ def summarise(target, draft, results, drafter, gamma, inputs, compiled=False, pr
     if compiled:
         out["compiled_over_eager"] = {name: results[name].median / results[f"{name}_eager"].median
                                       for name in ("target_only", "speculative")}
+        if "hf_assisted" in results:  # HF's assisted generation runs eager: ours eager beside it, like for like
+            out["speculative_eager_vs_hf_assisted"] = results["speculative_eager"].median / results["hf_assisted"].median
     if "hf_prompt_lookup" in results:
         out["hf_prompt_lookup_tok_s"] = results["hf_prompt_lookup"].median
         out["speculative_vs_hf_prompt_lookup"] = spec.median / results["hf_prompt_lookup"].median
