@@ -154,6 +154,11 @@ def test_bench_prompt_lookup(target, own_cost_per_call):
     pooled = our_pooled_stats(target, PromptLookupDrafter(), inputs, max_new_tokens=10, gamma=4, eos_token_id=63)
     assert pooled.drafted > 0  # the repetitive prompt gives the lookup something to propose
     assert (result["alpha"], result["tau"]) == (pooled.alpha, pooled.tau)
+    assert result["drafts_per_round"] == pooled.drafted / pooled.rounds
+    # a drafter that drafts less than γ per round: the table says the formula's predictions are rough guides there
+    assert "drafts per round: 1.50 on average, not γ = 4" in format_table({**result, "drafts_per_round": 1.5})
+    assert "drafts per round" not in format_table({**result, "drafts_per_round": 4.0})  # the control: γ every round
+    assert "drafts per round" not in format_table({k: v for k, v in result.items() if k != "drafts_per_round"})
 
 
 @pytest.fixture(scope="module")

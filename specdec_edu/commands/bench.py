@@ -340,6 +340,7 @@ def summarise(target, draft, results, drafter, gamma, inputs, compiled=False, pr
         "verify_cost": verify_cost,
         "predicted_speedup": expected_speedup(alpha, gamma, c),
         "predicted_speedup_measured_verify": expected_speedup(alpha, gamma, c, verify_cost),
+        "drafts_per_round": drafted / pooled.rounds if pooled.rounds else float("nan"),  # γ when every round drafts γ
         "identical_outputs": {name: r.outputs == reference for name, r in results.items()},
         "tok_s": {name: r.median for name, r in results.items()},
         "tok_s_per_repeat": {name: r.tokens_per_second for name, r in results.items()},
@@ -395,6 +396,11 @@ def format_table(result: dict) -> str:
         f"({result['predicted_speedup_measured_verify']:.2f}× with the measured verify cost "
         f"t(γ+1)/t(1) = {result['verify_cost']:.2f}); measured {result['speedup']:.2f}×"
     )
+    per_round = result.get("drafts_per_round", result["gamma"])  # absent from files written before it was recorded
+    if per_round < 0.9 * result["gamma"]:  # a drafter that drafts less than γ (prompt lookup, suffix): not the formula's
+        rows.append(f"drafts per round: {per_round:.2f} on average, not γ = {result['gamma']}: the formula assumes γ in "
+                    "every round (and the verify cost is measured at γ + 1 tokens), so for this drafter both predictions "
+                    "are rough guides")
     prof = result["round_profile_ms"]
     rows.append("one round (ms, median of a profiled 32-token run of the first prompt): "
                 + ", ".join(f"{k} {v:.1f}" for k, v in prof.items()))
