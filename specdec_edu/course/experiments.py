@@ -82,7 +82,8 @@ class MixtureDrafter:
     """A drafter whose agreement with the target is a dial: q = (1 − noise)·p_model + noise·uniform.
 
     ``model`` is usually the *target itself*, so ``noise = 0`` drafts exactly p
-    (α = 1) and ``noise = 1`` drafts uniformly random tokens (α ≈ 0). In between,
+    (α = 1) and ``noise = 1`` drafts uniformly random tokens (α = 1 − TV(p, uniform): near 0
+    where p is peaked, as in greedy decoding, not for a flat p). In between,
     the expected acceptance at each position is Σ min(p, q) = 1 − noise·TV(p, uniform);
     for greedy decoding (p one-hot) that is 1 − noise + noise/V ≈ 1 − noise.
 
