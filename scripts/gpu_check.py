@@ -231,7 +231,9 @@ def speculative_row(check: Check, mode: str, label: str, point, dial, runs: list
     """One dial-α row: measured speedup against the run's own α, c, verify cost and Leviathan's prediction.
 
     ``base`` is the target-only row of the same mode: speedup = its seconds per token / this row's, and
-    c and the verify cost are this row's draft time per token and verify forward over its decode step.
+    c and the verify cost are this row's draft time per token and verify forward over its decode step
+    (``*_with_rule``: the verify cost counts the accept rule, its read and the cache crop too, as the target-only
+    step counts its own sampling and read).
     ``reference_new``: that mode's target-only greedy tokens, which the output is compared with."""
     noise, gamma = point
     result = runs[-1][0]
@@ -241,14 +243,20 @@ def speculative_row(check: Check, mode: str, label: str, point, dial, runs: list
     profiled = check.speculative(dial, gamma, mode, profile=True).stats
     phases = {phase: statistics.median(times) for phase, times in profiled.phase_seconds.items()}
     alpha, c, verify_cost = result.stats.alpha, profiled.draft_seconds_per_token / step, phases["verify_forward"] / step
+    # A round's other non-draft work (the accept rule with the round's one read, the cache crop) has its counterpart in
+    # the target-only step (its sampling and read): with it, the verify cost is all of a round but the drafting.
+    verify_cost_with_rule = sum(t for phase, t in phases.items() if phase != "draft") / step
     known = None not in (maybe(alpha), maybe(c))  # NaN when nothing was judged or drafted (the dial left the reference)
     predicted = expected_speedup(min(alpha, 0.999999), gamma, c, verify_cost) if known else None
+    predicted_with_rule = expected_speedup(min(alpha, 0.999999), gamma, c, verify_cost_with_rule) if known else None
     divergence = first_divergence(check.target, check.prompt, reference_new, new)
     return {"mode": mode, "target": "compiled" if result.stats.compiled else "eager", "draft": label, "noise": noise,
             "gamma": gamma, "alpha_dial": dial.alpha, "alpha": maybe(alpha), "tau": maybe(result.stats.tau),
             "new_tokens": len(new), "seconds": seconds, "speedup": speedup,
             "draft_ms_per_token": maybe(1e3 * profiled.draft_seconds_per_token), "c": maybe(c), "verify_cost": verify_cost,
             "predicted_speedup": maybe(predicted), "fraction_of_prediction": maybe(speedup / predicted) if predicted else None,
+            "verify_cost_with_rule": verify_cost_with_rule, "predicted_speedup_with_rule": maybe(predicted_with_rule),
+            "fraction_of_prediction_with_rule": maybe(speedup / predicted_with_rule) if predicted_with_rule else None,
             "round_ms": {phase: 1e3 * t for phase, t in phases.items()},
             "identical_to_target": divergence is None, "divergence": divergence}
 

@@ -407,7 +407,8 @@ class FakeCheck:
         self.asked.append((dial, gamma, mode, profile))
         return fake_result(dial.reference[3:], alpha=0.5, tau=2.0, compiled=False, dial=dial,
                            draft_seconds_per_token=0.001 * gamma,
-                           phase_seconds={"draft": [0.004 * gamma] * 3, "verify_forward": [0.01, 0.03, 0.02 * gamma]})
+                           phase_seconds={"draft": [0.004 * gamma] * 3, "verify_forward": [0.01, 0.03, 0.02 * gamma],
+                                          "accept_resample": [0.002] * 3, "cache_crop": [0.001] * 3})
 
     def benchmark(self, fns):
         return {name: [(fn(), s) for s in (0.3, 0.9, 0.2)] for name, fn in fns.items()}  # median 0.3, last 0.2
@@ -431,11 +432,17 @@ def test_speculative_row_measures_its_own_gamma_and_compares_with_its_modes_refe
     assert row["seconds"] == 0.2 and row["speedup"] == pytest.approx((0.5 / 10) / (0.2 / 10))
     assert row["alpha"] == 0.75 and row["tau"] == 2.5
     assert row["draft_ms_per_token"] == pytest.approx(2.0) and row["c"] == pytest.approx(0.002 / 0.010)
-    assert row["round_ms"] == pytest.approx({"draft": 8.0, "verify_forward": 30.0})  # medians of the three rounds
+    assert row["round_ms"] == pytest.approx({"draft": 8.0, "verify_forward": 30.0, "accept_resample": 2.0,
+                                             "cache_crop": 1.0})  # medians of the three rounds
     assert row["verify_cost"] == pytest.approx(0.030 / 0.010)
     predicted = expected_speedup(0.75, 2, 0.2, 3.0)
     assert row["predicted_speedup"] == pytest.approx(predicted)
     assert row["fraction_of_prediction"] == pytest.approx(row["speedup"] / predicted)
+    # all of the round but the drafting: verify forward + accept rule + crop (30 + 2 + 1 ms) over the 10 ms step
+    assert row["verify_cost_with_rule"] == pytest.approx(0.033 / 0.010)
+    with_rule = expected_speedup(0.75, 2, 0.2, 3.3)
+    assert row["predicted_speedup_with_rule"] == pytest.approx(with_rule) and with_rule < predicted
+    assert row["fraction_of_prediction_with_rule"] == pytest.approx(row["speedup"] / with_rule)
     assert row["identical_to_target"] and row["divergence"] is None  # the reference handed in, not the eager one
 
     other = torch.arange(10)
