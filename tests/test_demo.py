@@ -439,3 +439,24 @@ def test_the_package_exports_the_names_it_imports():
     assert specdec_edu.output_distribution is theory.output_distribution
     pyproject = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text(encoding="utf-8")
     assert re.search(r'^version = "(.+)"$', pyproject, re.MULTILINE).group(1) == specdec_edu.__version__
+
+
+def test_the_summary_names_its_machine_and_the_drafters_that_draft_less_than_gamma(tiny_pair, char_tokenizer):
+    """The machine line went to stderr only, so ``demo > out.txt`` lost what every ratio depends on; and the formula's
+    predictions for prompt lookup and suffix (fewer than γ drafts per round) stood beside the model's without a word.
+    The summary now names the machine, and each drafter that drafted under 0.9 γ per round, with its mean."""
+    # 48 tokens: the model's last round, cut to fit max_new_tokens, weighs little in its mean
+    reports, text = run_tiny(tiny_pair, char_tokenizer, prompt="abcabcabc", gamma=4, max_new_tokens=48)
+    summary = text.split("=== summary")[1]
+    assert f"measured on {demo.describe_machine(tiny_pair[0])}" in summary and "thread" in summary
+    short = {r.drafter: r.speculative.stats.drafted / r.speculative.stats.rounds for r in reports
+             if r.speculative.stats.drafted < 0.9 * 4 * r.speculative.stats.rounds}
+    full = [r.drafter for r in reports if r.drafter not in short]
+    assert "model" in full and short, (full, short)  # the model drafts γ in every round but the last; lookup does not
+    note = demo.short_drafts_note(reports, 4)
+    assert note in summary and "not γ = 4" in note
+    for drafter, per_round in short.items():
+        assert f"{demo.DRAFTER_LABELS[drafter]} {per_round:.1f}" in note
+    for drafter in full:
+        assert demo.DRAFTER_LABELS[drafter] not in note
+    assert demo.short_drafts_note([r for r in reports if r.drafter in full], 4) == ""  # the control: no line

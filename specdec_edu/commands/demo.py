@@ -38,7 +38,7 @@ Three drafters are compared by default:
 the target on this CPU).
 
 With greedy decoding (the default) speculative decoding must produce *exactly* the target's
-own output; the demo checks that token for token and prints ``identical: yes``.
+own output; the demo checks that token for token and prints ``yes`` in its ``identical to target-only`` row.
 """
 
 from __future__ import annotations
@@ -353,15 +353,30 @@ def verify_cost_note(reports: list[DrafterReport]) -> str:
     return f" (here checking γ+1 tokens cost {span} target steps: {size})"
 
 
-def print_summary(reports: list[DrafterReport], settings: DemoSettings, out: TextIO) -> None:
-    """Print the table and the one-line explanations that go with it."""
+def short_drafts_note(reports: list[DrafterReport], gamma: int) -> str:
+    """A line naming the drafters that drafted under 0.9 γ per round on average (prompt lookup, suffix), or ""."""
+    short = [(DRAFTER_LABELS[r.drafter], r.speculative.stats.drafted / r.speculative.stats.rounds) for r in reports
+             if r.speculative.stats.rounds and r.speculative.stats.drafted < 0.9 * gamma * r.speculative.stats.rounds]
+    if not short:
+        return ""
+    per_round = ", ".join(f"{name} {d:.1f}" for name, d in short)
+    return (f"drafts per round: {per_round}, not γ = {gamma}: the formula assumes γ drafts in every round, and their "
+            "measured verify cost averages shorter checks, so for them both predictions are rough guides.")
+
+
+def print_summary(reports: list[DrafterReport], settings: DemoSettings, out: TextIO, machine: str = "") -> None:
+    """Print the table and the one-line explanations that go with it (``machine``: where it ran, for the header)."""
     mode = f"sampling, T={settings.temperature}, seed {settings.seed}" if settings.sample else "greedy"
     runs = "one run each" if settings.repeats <= 1 else f"best of {settings.repeats} runs each"
     print(f"\n=== summary ({mode}, {runs}) ===", file=out)
+    if machine:  # on the output too, not only on stderr: every ratio below belongs to this machine
+        print(f"measured on {machine}", file=out)
     print(format_table(reports, settings.gamma), file=out)
     print("predicted speedup: Leviathan et al., (1 − α^(γ+1)) / ((1 − α)(γc + 1)), which "
           "assumes a verify pass costs one target step;\n'with that cost' replaces the 1 "
           f"by the measured verify cost{verify_cost_note(reports)}.", file=out)
+    if note := short_drafts_note(reports, settings.gamma):
+        print(note, file=out)
     for report in reports:
         if report.difference_note:
             print(f"{DRAFTER_LABELS[report.drafter]}: {report.difference_note}", file=out)
@@ -391,8 +406,19 @@ def run_demo(target, draft_model, tokenizer, settings: DemoSettings | None = Non
         reports.append(compare_drafter(target, draft_model, tokenizer, kind, settings))
         print_report(reports[-1], tokenizer, settings, out)
         out.flush()
-    print_summary(reports, settings, out)
+    print_summary(reports, settings, out, describe_machine(target))
     return reports
+
+
+def describe_machine(target) -> str:
+    """Where the target runs, by name: the device, and on a CPU its thread count (every ratio depends on it)."""
+    from ..models.devices import device_name
+
+    where = f"{target.device} ({device_name(target.device)})"
+    if target.device.type == "cpu":
+        threads = torch.get_num_threads()
+        where += f" with {threads} thread{'s' * (threads != 1)}"
+    return where
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -479,15 +505,10 @@ def main(args: argparse.Namespace, out: TextIO | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     from ..generate import compiles_by_default
-    from ..models.devices import device_name
 
     path = "compiled (the warm-up compiles)" if compiles_by_default(target.device) else "eager"
     dtype = str(next(target.parameters()).dtype).removeprefix("torch.")  # SPECDEC_EDU_DTYPE can change it: say which
-    threads = torch.get_num_threads()
-    where = f"{target.device} ({device_name(target.device)})"  # the machine the printed ratios belong to
-    if target.device.type == "cpu":
-        where += f" with {threads} thread{'s' * (threads != 1)}"
-    print(f"running on {where}, {dtype}, {path}: warm-up, then target-only and speculative decoding "
+    print(f"running on {describe_machine(target)}, {dtype}, {path}: warm-up, then target-only and speculative decoding "
           "alternately ...", file=sys.stderr, flush=True)
     run_demo(target, draft, tokenizer, settings, out)
     return 0
