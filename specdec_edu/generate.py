@@ -433,6 +433,7 @@ def speculative_generate(
     loop = OnePrompt(target, drafter, prompt, config, generator, cache)
     row = RoundRecorder(len(prompt), max_new_tokens=max_new_tokens, eos=config.eos, max_pos=max_pos, clock=clock)
     row.stats.compiled = isinstance(cache, kv.StaticKV)  # False if compiling failed and the target runs eager
+    row.stats.draft_compiled = isinstance(drafter, ModelDrafter) and drafter.static is not None  # its compile can fail alone
     loop.prefill()
     row.stats.prefill_seconds = clock.lap()
     while not row.stats.stopped_by:

@@ -47,6 +47,7 @@ class GenerationStats:
     rejected_rounds: int = 0  # rounds whose rejection (and corrected token) was emitted
     stopped_by: str = ""  # EOS, MAX_NEW_TOKENS or MAX_POSITIONS
     compiled: bool = False  # did the target run compiled code? (a draft model's compile can fail on its own: own warning)
+    draft_compiled: bool = False  # did a draft model (a ModelDrafter) run compiled code? False for model-free drafters
     seconds: float = 0.0  # wall time of the whole generation, prefill included
     prefill_seconds: float = 0.0  # the target's pass over the prompt
     draft_seconds: float = 0.0  # the drafter's work

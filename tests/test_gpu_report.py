@@ -351,3 +351,31 @@ def test_the_report_prints_the_speedup_and_alpha_in_their_places(tiny_pair, char
     assert "measured 2.50× (median), α = 0.60" in out.getvalue()
     assert (numbers["speedup_own"], numbers["alpha_own"]) == (2.5, 0.6)
     assert "path:   eager;" in out.getvalue() and "compiling failed" not in out.getvalue()
+
+
+def test_a_generation_says_whether_its_draft_ran_compiled(tiny_pair, monkeypatch):
+    """``stats.draft_compiled``: the draft model's own path, which the report's path line reads (it once matched the
+    fallback's warning text instead). Compiled when its cache compiled; not when that failed alone (the target still
+    compiled), nor for a drafter with no model."""
+    from specdec_edu import PromptLookupDrafter, kv, speculative_generate
+
+    target, draft = tiny_pair[:2]
+    defaults = kv.full_compile_options
+    monkeypatch.setattr(kv, "full_compile_options", lambda device, options: {**defaults(device, options),
+                                                                             "backend": "aot_eager"})
+    ids = torch.tensor([[1, 2, 3, 4]])
+    run = lambda drafter: speculative_generate(target, drafter, ids, max_new_tokens=3, gamma=2, compile=True).stats
+    both = run(draft)
+    assert both.compiled and both.draft_compiled
+    assert run(PromptLookupDrafter()).compiled and not run(PromptLookupDrafter()).draft_compiled
+    shared = kv.shared_static_cache
+
+    def no_draft(model, min_len, compile_options=None, role="target"):
+        if role == "draft":
+            raise RuntimeError("forced failure of the draft's compile")
+        return shared(model, min_len, compile_options, role)
+
+    monkeypatch.setattr(kv, "shared_static_cache", no_draft)
+    with pytest.warns(UserWarning, match="compiling the draft failed"):
+        alone = run(draft)
+    assert alone.compiled and not alone.draft_compiled
