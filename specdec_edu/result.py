@@ -161,6 +161,13 @@ class GenerationStats:
         return self._judged_and_accepted(gamma)[1]
 
     @property
+    def drafts_per_round(self) -> float:
+        """drafted / rounds: γ where every round drafts γ (but the last, cut to fit); less for a drafter that drafts
+        only what it finds (prompt lookup, suffix), whose rounds Leviathan's formula does not describe
+        (``theory.drafts_short_of_gamma``)."""
+        return self.drafted / self.rounds if self.rounds else float("nan")
+
+    @property
     def accepted_per_drafted(self) -> float:
         """accepted / drafted: the share of all proposed draft tokens that were kept. Not α: the drafts after a
         round's first rejection are never judged, so this is lower than :attr:`alpha`."""

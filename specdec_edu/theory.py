@@ -81,6 +81,13 @@ def optimal_gamma(alpha: float, c: float, max_gamma: int = 16, verify_cost=1.0) 
     return max(speedup, key=speedup.get)  # the first of equal maxima: γ = 0 when nothing beats the target alone
 
 
+def drafts_short_of_gamma(drafts_per_round: float, gamma: int) -> bool:
+    """Did a run draft under 0.9 γ per round on average? The formula assumes γ drafts in every round; a drafter that
+    drafts only what it finds (prompt lookup, suffix) falls short of that, and its prediction is then a rough guide.
+    (0.9 leaves room for a model drafter's last round, cut to fit ``max_new_tokens``.) False for NaN (no round)."""
+    return drafts_per_round < 0.9 * gamma
+
+
 def alpha_from_tau(tau: float, gamma: int, tol: float = 1e-10) -> float:
     """Invert tokens-per-round: the α for which ``expected_tokens_per_round(α, γ) == tau``."""
     if not 1 <= tau <= gamma + 1:

@@ -162,3 +162,15 @@ def test_alpha_for_speedup_refuses_zero_and_what_alpha_1_cannot_reach():
 def test_total_variation_refuses_a_row_that_sums_to_1_03():
     with pytest.raises(ValueError, match="summing to 1.03"):
         total_variation([0.5, 0.53], [0.5, 0.5])
+
+
+def test_drafts_short_of_gamma_marks_rounds_the_formula_does_not_describe():
+    """Under 0.9 γ drafts per round: prompt lookup's 3.4 and the suffix drafter's 1.1 at γ = 4 (the demo, 2026-12-07);
+    not a model drafter whose last round was cut (3.9 at γ = 4), nor a run with no round (NaN)."""
+    from specdec_edu.result import GenerationStats
+    from specdec_edu.theory import drafts_short_of_gamma
+
+    assert drafts_short_of_gamma(3.4, 4) and drafts_short_of_gamma(1.1, 4)
+    assert not drafts_short_of_gamma(3.9, 4) and not drafts_short_of_gamma(4.0, 4)
+    assert not drafts_short_of_gamma(GenerationStats().drafts_per_round, 4)  # NaN: nothing to judge
+    assert GenerationStats(rounds=5, drafted=17).drafts_per_round == 3.4

@@ -31,7 +31,7 @@ from ..models.embedded import PAIRS
 from ..models.feature_drafters import load_drafter
 from ..result import GenerationStats
 from ..suffix import SuffixDrafter
-from ..theory import expected_speedup
+from ..theory import drafts_short_of_gamma, expected_speedup
 from .args import positive_int, positive_number, probability
 
 SUFFIX_MIN_PROB = inspect.signature(SuffixDrafter).parameters["min_prob"].default  # for --help: the drafter's own
@@ -340,7 +340,7 @@ def summarise(target, draft, results, drafter, gamma, inputs, compiled=False, pr
         "verify_cost": verify_cost,
         "predicted_speedup": expected_speedup(alpha, gamma, c),
         "predicted_speedup_measured_verify": expected_speedup(alpha, gamma, c, verify_cost),
-        "drafts_per_round": drafted / pooled.rounds if pooled.rounds else float("nan"),  # γ when every round drafts γ
+        "drafts_per_round": pooled.drafts_per_round,
         "identical_outputs": {name: r.outputs == reference for name, r in results.items()},
         "tok_s": {name: r.median for name, r in results.items()},
         "tok_s_per_repeat": {name: r.tokens_per_second for name, r in results.items()},
@@ -397,7 +397,7 @@ def format_table(result: dict) -> str:
         f"t(γ+1)/t(1) = {result['verify_cost']:.2f}); measured {result['speedup']:.2f}×"
     )
     per_round = result.get("drafts_per_round", result["gamma"])  # absent from files written before it was recorded
-    if per_round < 0.9 * result["gamma"]:  # a drafter that drafts less than γ (prompt lookup, suffix): not the formula's
+    if drafts_short_of_gamma(per_round, result["gamma"]):  # prompt lookup, suffix: not the formula's rounds
         rows.append(f"drafts per round: {per_round:.2f} on average, not γ = {result['gamma']}: the formula assumes γ in "
                     "every round (and the verify cost is measured at γ + 1 tokens), so for this drafter both predictions "
                     "are rough guides")

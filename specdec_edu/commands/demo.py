@@ -355,8 +355,10 @@ def verify_cost_note(reports: list[DrafterReport]) -> str:
 
 def short_drafts_note(reports: list[DrafterReport], gamma: int) -> str:
     """A line naming the drafters that drafted under 0.9 γ per round on average (prompt lookup, suffix), or ""."""
-    short = [(DRAFTER_LABELS[r.drafter], r.speculative.stats.drafted / r.speculative.stats.rounds) for r in reports
-             if r.speculative.stats.rounds and r.speculative.stats.drafted < 0.9 * gamma * r.speculative.stats.rounds]
+    from ..theory import drafts_short_of_gamma
+
+    short = [(DRAFTER_LABELS[r.drafter], r.speculative.stats.drafts_per_round) for r in reports
+             if drafts_short_of_gamma(r.speculative.stats.drafts_per_round, gamma)]
     if not short:
         return ""
     per_round = ", ".join(f"{name} {d:.1f}" for name, d in short)
