@@ -178,9 +178,9 @@ def test_the_report_names_the_path_the_runs_took_when_compiling_fails(tiny_pair,
     assert not numbers["compiled"]
 
 
-def test_the_report_says_when_only_the_draft_runs_eager(tiny_pair, char_tokenizer, monkeypatch):
-    """Compiling the draft can fail on its own (it has its own cache): the path line said "compiled" for both, and the
-    costs line timed an eager draft under the word "compiled"."""
+def fail_the_drafts_compile(monkeypatch) -> None:
+    """Make every compiled cache of the draft role fail to build (the target's still build): the draft's compile
+    failing on its own, as it can on a GPU."""
     from specdec_edu import kv
 
     shared = kv.shared_static_cache
@@ -191,6 +191,12 @@ def test_the_report_says_when_only_the_draft_runs_eager(tiny_pair, char_tokenize
         return shared(model, min_len, compile_options, role)
 
     monkeypatch.setattr(kv, "shared_static_cache", no_draft)
+
+
+def test_the_report_says_when_only_the_draft_runs_eager(tiny_pair, char_tokenizer, monkeypatch):
+    """Compiling the draft can fail on its own (it has its own cache): the path line said "compiled" for both, and the
+    costs line timed an eager draft under the word "compiled"."""
+    fail_the_drafts_compile(monkeypatch)
     with pytest.warns(UserWarning, match="compiling the draft failed"):
         numbers, text = _report(tiny_pair, char_tokenizer, monkeypatch, "aot_eager")
     assert numbers["compiled"]
@@ -368,14 +374,7 @@ def test_a_generation_says_whether_its_draft_ran_compiled(tiny_pair, monkeypatch
     both = run(draft)
     assert both.compiled and both.draft_compiled
     assert run(PromptLookupDrafter()).compiled and not run(PromptLookupDrafter()).draft_compiled
-    shared = kv.shared_static_cache
-
-    def no_draft(model, min_len, compile_options=None, role="target"):
-        if role == "draft":
-            raise RuntimeError("forced failure of the draft's compile")
-        return shared(model, min_len, compile_options, role)
-
-    monkeypatch.setattr(kv, "shared_static_cache", no_draft)
+    fail_the_drafts_compile(monkeypatch)
     with pytest.warns(UserWarning, match="compiling the draft failed"):
         alone = run(draft)
     assert alone.compiled and not alone.draft_compiled
