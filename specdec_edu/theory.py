@@ -6,6 +6,14 @@ target forward (cost 1, if verifying γ+1 tokens costs the same as decoding one:
 true while decoding is memory-bound). A round yields 1 + (number of accepted
 drafts) tokens, whose expectation is the geometric sum 1 + α + … + α^γ.
 
+``verify_cost`` replaces that 1 by a measurement, taken one of two ways:
+
+* bare forwards, t(γ+1) / t(1): one forward appending γ+1 tokens over a one-token forward, both timed alone
+  (``course.measure.measured_verify_cost``: ``bench``, ``gpu-report``, notebook 07's curve);
+* whole rounds: a run's verify forward, accept rule and read per round, over a target-only run's step, which counts
+  its own sampling and read (``demo``, notebook 08's dial). It also charges the rule's per-round work, which the
+  bare ratio leaves out.
+
 The last part of the module is the other half of the theory, what one verification
 step emits: :func:`output_distribution` computes it in closed form (it is p, for the
 correct rule), and :func:`total_variation` measures how far two distributions are apart.

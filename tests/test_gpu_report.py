@@ -1,6 +1,7 @@
 """``python -m specdec_edu gpu-report``: it runs end to end (on tiny models here, quick settings), prints every
 number it promises, and the README's "what to expect on your GPU" table is its ``predicted_table``."""
 
+import dataclasses
 import io
 import re
 import types
@@ -20,6 +21,7 @@ from specdec_edu.commands.gpu_report import (
     verdict,
 )
 from specdec_edu.models.devices import device_name
+from specdec_edu.result import GenerationStats
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 # the report at the tiny pair's size: one short prompt, one repeat, a 1 MiB bandwidth buffer
@@ -293,18 +295,39 @@ def test_the_predicted_table_uses_its_gamma_and_alpha():
         assert line.startswith(f"| {gpu} |") and f"| {predicted_row(gb_s, 6, 0.6)['speedup']:.2f}× |" in line
 
 
+def _stats(tokens_per_second: float, accepted: int = 0, rejected_rounds: int = 0) -> GenerationStats:
+    """Hand-made stats: ``new_tokens`` over one second gives the speed; α = accepted / (accepted + rejected_rounds)."""
+    return GenerationStats(new_tokens=int(tokens_per_second), seconds=1.0, accepted=accepted,
+                           rejected_rounds=rejected_rounds)
+
+
 def test_the_speedup_is_speculative_over_target_only(monkeypatch):
-    """_median_speedup on hand-made runs: target-only at 10 and 30 tok/s (median 20), speculative at 50 tok/s: 2.5×."""
+    """_median_speedup on hand-made runs: target-only at 10 and 30 tok/s (median 20), speculative at 50 tok/s: 2.5×;
+    its stats are the speculative runs' totals (7 + 9 accepted of 10 + 10 judged: α 0.8)."""
     from specdec_edu.course import diagnostics, experiments
 
-    run = lambda tps, alpha=None: types.SimpleNamespace(  # noqa: E731
-        stats=types.SimpleNamespace(tokens_per_second=tps, alpha=alpha), row=lambda i: [1])
+    run = lambda stats: types.SimpleNamespace(stats=stats, row=lambda i: [1])  # noqa: E731
     monkeypatch.setattr(experiments, "interleaved_benchmark", lambda fns, **kw: {
-        "target": [run(10.0), run(30.0)], "spec": [run(50.0, 0.7), run(50.0, 0.9)]})
+        "target": [run(_stats(10)), run(_stats(30))], "spec": [run(_stats(50, 7, 3)), run(_stats(50, 9, 1))]})
     monkeypatch.setattr(diagnostics, "check_same_output", lambda *a, **kw: {"identical": True})
-    speedup, alpha, check = gpu_report._median_speedup(None, None, torch.zeros(1, 3, dtype=torch.long),
+    speedup, stats, check = gpu_report._median_speedup(None, None, torch.zeros(1, 3, dtype=torch.long),
                                                       ReportSettings(repeats=2), eos=None)
-    assert (speedup, alpha, check["identical"]) == (pytest.approx(2.5), pytest.approx(0.8), True)
+    assert (speedup, stats.alpha, check["identical"]) == (pytest.approx(2.5), pytest.approx(0.8), True)
+
+
+def test_the_own_drafts_alpha_pools_every_prompts_drafts(tiny_pair, char_tokenizer, monkeypatch):
+    """Three prompts at α 1/2 (2 judged), 1/2 (2 judged) and 9/10 (100 judged): the α printed and returned is the
+    pooled 92/104 = 0.88, not the per-prompt median 0.5 (which weighed the two short answers as much as the long)."""
+    monkeypatch.delenv("SPECDEC_EDU_DTYPE", raising=False)
+    per_prompt = iter([(1.0, _stats(10, 1, 1)), (1.0, _stats(10, 1, 1)), (1.0, _stats(10, 90, 10))])
+    monkeypatch.setattr(gpu_report, "_median_speedup", lambda target, drafter, *a, **kw: (
+        *next(per_prompt, (1.0, _stats(10, 4, 1))), {"identical": True}))
+    settings = dataclasses.replace(TINY, prompts=("a", "b", "c"))
+    out = io.StringIO()
+    numbers = run_report(*tiny_pair, char_tokenizer, settings, out, pair="tiny", load_seconds=0.0)
+    assert numbers["alpha_own"] == pytest.approx(92 / 104)
+    assert f"α = {92 / 104:.2f} (all prompts' drafts)" in out.getvalue()
+    assert numbers["alpha_dial"] == pytest.approx(0.8)  # the dial's run: the fourth call
 
 
 def test_both_verdict_lines_weigh_the_measured_speedup(tiny_pair, char_tokenizer, monkeypatch):
@@ -346,15 +369,15 @@ def test_quick_picks_the_quick_settings(monkeypatch):
 
 
 def test_the_report_prints_the_speedup_and_alpha_in_their_places(tiny_pair, char_tokenizer, monkeypatch):
-    """Every run's (speedup, α) faked as (2.5, 0.6): the own draft's line reads "measured 2.50× (median), α = 0.60"
-    and the dict holds the same, not the two swapped. On a CPU's default eager path nothing failed to compile, so
-    the path line says no "compiling failed"."""
+    """Every run's (speedup, α) faked as (2.5, 0.6): the own draft's line reads "measured 2.50× (median over
+    prompts), α = 0.60" and the dict holds the same, not the two swapped. On a CPU's default eager path nothing
+    failed to compile, so the path line says no "compiling failed"."""
     monkeypatch.delenv("SPECDEC_EDU_DTYPE", raising=False)
     monkeypatch.delenv("SPECDEC_EDU_COMPILE", raising=False)
-    monkeypatch.setattr(gpu_report, "_median_speedup", lambda *a, **kw: (2.5, 0.6, {"identical": True}))
+    monkeypatch.setattr(gpu_report, "_median_speedup", lambda *a, **kw: (2.5, _stats(10, 3, 2), {"identical": True}))
     out = io.StringIO()
     numbers = run_report(*tiny_pair, char_tokenizer, TINY, out, pair="tiny", load_seconds=0.0)
-    assert "measured 2.50× (median), α = 0.60" in out.getvalue()
+    assert "measured 2.50× (median over prompts), α = 0.60" in out.getvalue()
     assert (numbers["speedup_own"], numbers["alpha_own"]) == (2.5, 0.6)
     assert "path:   eager;" in out.getvalue() and "compiling failed" not in out.getvalue()
 

@@ -376,7 +376,8 @@ def print_summary(reports: list[DrafterReport], settings: DemoSettings, out: Tex
     print(format_table(reports, settings.gamma), file=out)
     print("predicted speedup: Leviathan et al., (1 − α^(γ+1)) / ((1 − α)(γc + 1)), which "
           "assumes a verify pass costs one target step;\n'with that cost' replaces the 1 "
-          f"by the measured verify cost{verify_cost_note(reports)}.", file=out)
+          f"by the measured verify cost{verify_cost_note(reports)}: a round's verify forward, accept rule and read, "
+          "over a target-only step, which counts its own sampling and read.", file=out)
     if note := short_drafts_note(reports, settings.gamma):
         print(note, file=out)
     for report in reports:

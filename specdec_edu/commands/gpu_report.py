@@ -33,6 +33,7 @@ from typing import TextIO
 import torch
 
 from .. import kv
+from ..result import GenerationStats
 
 #: A few chat prompts of the kind the course asks (the pair's own draft is measured on these).
 CHAT_PROMPTS = (
@@ -129,8 +130,10 @@ def describe_costs(costs: dict, device, dtype, compiled: bool, draft_eager: bool
     ])
 
 
-def _median_speedup(target, drafter, prompt, settings: ReportSettings, eos) -> tuple[float, float, dict]:
-    """(speedup, α, check report) of greedy speculative decoding over target-only: interleaved, medians."""
+def _median_speedup(target, drafter, prompt, settings: ReportSettings, eos) -> tuple[float, GenerationStats, dict]:
+    """(speedup, stats, check report) of greedy speculative decoding over target-only, interleaved: the speedup is
+    the median's, the stats the speculative runs' totals (``GenerationStats.pooled``: their α from all the drafts
+    judged)."""
     from .. import autoregressive_generate, speculative_generate
     from ..course.diagnostics import OutputMismatch, check_same_output
     from ..course.experiments import interleaved_benchmark
@@ -148,7 +151,7 @@ def _median_speedup(target, drafter, prompt, settings: ReportSettings, eos) -> t
     except OutputMismatch as exc:  # the report goes on: its numbers still say what this device does
         check = {"identical": False, "message": f"OUTPUT CHECK FAILED: {exc}"}
     speed = lambda rs: statistics.median(r.stats.tokens_per_second for r in rs)  # noqa: E731
-    return speed(runs["spec"]) / speed(runs["target"]), statistics.median(r.stats.alpha for r in runs["spec"]), check
+    return speed(runs["spec"]) / speed(runs["target"]), GenerationStats.pooled([r.stats for r in runs["spec"]]), check
 
 
 def run_report(target, draft, tokenizer, settings: ReportSettings | None = None, out: TextIO = sys.stdout,
@@ -184,16 +187,18 @@ def run_report(target, draft, tokenizer, settings: ReportSettings | None = None,
     costs = step_costs(target, draft, settings.gamma, compiled, settings.bandwidth_bytes, repeats=3 * settings.repeats)
     say(describe_costs(costs, device, dtype, compiled, draft_eager))
 
-    speedups, alphas = [], []
+    speedups, own_stats = [], []
     for prompt in prompts:
-        speedup, alpha, check = _median_speedup(target, draft, prompt, settings, eos)
+        speedup, stats, check = _median_speedup(target, draft, prompt, settings, eos)
         speedups.append(speedup)
-        alphas.append(alpha)
+        own_stats.append(stats)
         if not check["identical"]:
             say(f"  note: {check['message']}")
-    alpha_own, speedup_own = statistics.median(alphas), statistics.median(speedups)
+    # α from every draft judged on every prompt, as bench and the notebooks take it: a median of per-prompt α
+    # would weigh a prompt whose answer stopped after a few drafts as much as one with hundreds
+    alpha_own, speedup_own = GenerationStats.pooled(own_stats).alpha, statistics.median(speedups)
     say(f"the pair's own draft, {len(prompts)} chat prompt(s), {settings.max_new_tokens} new tokens, γ = "
-        f"{settings.gamma}: measured {speedup_own:.2f}× (median), α = {alpha_own:.2f}")
+        f"{settings.gamma}: measured {speedup_own:.2f}× (median over prompts), α = {alpha_own:.2f} (all prompts' drafts)")
     say("  " + verdict(costs, alpha_own, settings.gamma, speedup_own))
 
     vocab = target.config.vocab_size
@@ -206,7 +211,8 @@ def run_report(target, draft, tokenizer, settings: ReportSettings | None = None,
         say(f"  note: the dial replays the greedy output its run keeps, found in {replays} runs (in "
             f"{str(dtype).replace('torch.', '')} a verify pass broke a near-tie otherwise than one-token steps)")
     dial = ReplayDrafter(reference, noise, vocab, cost_model=draft, device=device)
-    dial_speedup, dial_alpha, _ = _median_speedup(target, dial, prompts[0], settings, eos=None)
+    dial_speedup, dial_stats, _ = _median_speedup(target, dial, prompts[0], settings, eos=None)
+    dial_alpha = dial_stats.alpha
     say(f"dial drafter at α = {DIAL_ALPHA} (the real draft's cost, α set by a dial): measured {dial_speedup:.2f}× "
         f"(α = {dial_alpha:.2f} in the run, by chance on {settings.max_new_tokens} tokens)")
     # the prediction at the α the run had, which the measured speedup answers to (the dial sets 0.8 on average)
