@@ -108,7 +108,13 @@ def child(args) -> dict:
                                     compile_options=options)
     sync()
     step_ms = 1000 * (timed.stats.seconds - timed.stats.prefill_seconds) / STEPS  # the prefill gives the first token
-    return {"path": args.path, "compiled": bool(out.stats.compiled), "device": str(device), "dtype": str(dtype),
+    from specdec_edu.models.devices import device_name
+
+    # what "default" meant in this version (torch.compile's own default backend is inductor)
+    resolved = {"backend": "inductor", **kv.full_compile_options(device, options)} if compiled else {}
+    return {"path": args.path, "compiled": bool(out.stats.compiled), "backend": resolved.get("backend"),
+            "mode": resolved.get("mode"), "device": str(device), "device_name": device_name(device),
+            "torch": torch.__version__, "transformers": transformers.__version__, "dtype": str(dtype),
             "torch_threads": torch.get_num_threads(), "first_round_drafted": stats.drafted_per_round[0], "seconds": times,
             "target_step_ms": step_ms}
 

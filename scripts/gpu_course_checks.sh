@@ -18,7 +18,7 @@
 #   start: 40 s to a minute or more (every second of it counted);
 #   call 1: BUDGET=430 bash scripts/gpu_course_checks.sh all (timeout_s 450);
 #   call 2, only if the tool's `status` shows budget_left_s ≥ 400, sent within 30 s of call 1's return:
-#           BUDGET=360 bash scripts/gpu_course_checks.sh 7b (timeout_s 380). That needs the start and call 1 to
+#           GIT_COMMIT=<sha> BUDGET=360 bash scripts/gpu_course_checks.sh 7b (timeout_s 380). That needs the start and call 1 to
 #           end within 500 s: with a slow start it does not fit, and the 7b goals are the next lease's first call;
 #   the bf16 notebooks (SPECDEC_EDU_DTYPE=bf16 ... notebooks) only in a later lease.
 # Every stage writes $OUT/provenance.txt first (date, command, settings, GPU, driver, versions; GIT_COMMIT=<sha>,
@@ -74,7 +74,11 @@ if compgen -G ".whl/*.whl" >/dev/null; then  # wheels carried from scripts/gpu_w
       | tee -a "$OUT/provenance.txt" >&2
   fi
 fi
-"$PY" -c "import torch, transformers; print(torch.__version__, transformers.__version__, torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no CUDA device')" \
+TREE="${TREE:-.whl/TREE}"  # scripts/gpu_wheels.sh writes it: the commit, and whether the tree that travelled differs
+if [[ -f "$TREE" ]]; then
+  sed 's/^/tree: /' "$TREE" >> "$OUT/provenance.txt"
+fi
+"$PY" -c "import torch, transformers, platform; print(torch.__version__, transformers.__version__, 'Python', platform.python_version(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no CUDA device')" \
   | tee "$OUT/versions.txt" | tee -a "$OUT/provenance.txt"
 
 DEVICE="${DEVICE:-cuda}"
@@ -203,8 +207,10 @@ notebooks() {  # the notebooks on CUDA, quick, in a scratch folder, then one arc
     echo "cut: notebooks: the DEADLINE of $deadline s stopped or never started some (see notebooks.txt): exit 3" \
       | tee -a "$OUT/provenance.txt"
     settle 3
-  elif (( rc != 0 )); then
+  elif (( rc == 124 || rc == 137 )); then
     failed "$rc" "notebooks (the backstop)" "$t" "DEADLINE $deadline s + 20 s"
+  elif (( rc != 0 )); then  # a notebook failed (its row in notebooks.txt says which), or the script itself did
+    failed "$rc" "notebooks" "$t" "DEADLINE $deadline s + 20 s"
   fi
   tar -czf "$OUT/notebooks.tgz" -C /tmp executed
 }

@@ -57,6 +57,15 @@ echo "$(ls "$WHEELS"/*.whl | wc -l) wheels in $WHEELS: $(printf '%s\0' "$WHEELS"
 sha="$(git rev-parse HEAD)"
 echo "GIT_COMMIT=$sha"
 dirty="$(git status --porcelain)"
+{  # travels in .whl/ and goes into every stage's provenance.txt: what ran, whatever GIT_COMMIT the call names
+  echo "commit $sha"
+  if [[ -n "$dirty" ]]; then
+    echo "NOT CLEAN: $(wc -l <<<"$dirty") path(s) differ from it; git diff HEAD sha256 $(git diff HEAD | sha256sum | cut -c1-16)"
+    head -n 20 <<<"$dirty"
+  else
+    echo "clean: the tree is that commit"
+  fi
+} > "$WHEELS/TREE"
 if [[ -n "$dirty" ]]; then
   {
     echo "WARNING: the working tree is not commit $sha: $(wc -l <<<"$dirty") path(s) differ (git status --porcelain):"

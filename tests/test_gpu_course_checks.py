@@ -310,6 +310,8 @@ def test_failed_or_backstopped_notebooks_are_not_a_pass_and_come_back_as_one_arc
         assert ("pkill -f ipykernel_launcher" in log.read_text()) == bool(cut_rc)
         if cut_rc:
             assert "cut: notebooks (the backstop)" in provenance and "its limit of 120 s" in provenance, provenance
+        else:  # a notebook failed: the backstop did not fire, and the line must not blame it
+            assert "failed: notebooks exited 1" in provenance and "(the backstop)" not in provenance, provenance
 
 
 def test_no_jupyter_stack_is_exit_2_and_runs_no_notebook(tmp_path):
@@ -368,9 +370,13 @@ def test_the_provenance_names_the_run_and_every_step_runs_offline_on_the_random_
   *gpu_check.py*|*cold_start.py*) echo "$* offline=$HF_HUB_OFFLINE,$TRANSFORMERS_OFFLINE random=$SPECDEC_EDU_RANDOM_TARGET" ;;'''
     py, path = fake_python(tmp_path, cases), fake_tools(tmp_path)
     out = tmp_path / "7b"
-    done = run("7b", OUT=str(out), PYTHON=py, PATH=path, GIT_COMMIT="abc1234", SIZE="tiny")
+    tree = tmp_path / "TREE"  # what scripts/gpu_wheels.sh writes beside the wheels
+    tree.write_text("commit 0123abc\nNOT CLEAN: 1 path(s) differ from it; git diff HEAD sha256 feedbeef\n M a.py\n")
+    done = run("7b", OUT=str(out), PYTHON=py, PATH=path, GIT_COMMIT="abc1234", SIZE="tiny", TREE=str(tree))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     provenance = (out / "provenance.txt").read_text().splitlines()
+    assert ["tree: commit 0123abc", "tree: NOT CLEAN: 1 path(s) differ from it; git diff HEAD sha256 feedbeef",
+            "tree:  M a.py"] == [line for line in provenance if line.startswith("tree:")], provenance
     assert re.fullmatch(r"date: 20\d\d-\d\d-\d\dT\d\d:\d\d:\d\dZ", provenance[0]), provenance
     assert provenance[1].startswith("command: ") and provenance[1].endswith("scripts/gpu_course_checks.sh 7b")
     assert provenance[2:4] == ["commit: abc1234", "settings: BUDGET=580 DEADLINE=auto JOBS=4 CELL_TIMEOUT=240 "
@@ -436,8 +442,14 @@ def test_gpu_wheels_fetches_binaries_for_the_gpu_python_and_leaves_out_what_the_
         assert pip[pip.index(option) + 1] == value, (option, pip)
     platforms = {pip[i + 1] for i, arg in enumerate(pip) if arg == "--platform"}
     assert {"any", "manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64"} <= platforms, platforms
-    assert sorted(p.name for p in (repo / ".whl").iterdir()) == ["nbclient-0.11.0-py3-none-any.whl",
+    assert sorted(p.name for p in (repo / ".whl").iterdir()) == ["TREE", "nbclient-0.11.0-py3-none-any.whl",
                                                                   "traitlets-5.16.1-py3-none-any.whl"]
+    # TREE names the commit and whether the tree that travels is it (the stages copy it into their provenance)
+    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+    tree = (repo / ".whl" / "TREE").read_text().splitlines()
+    assert tree[0] == f"commit {sha}" and len(sha) == 40, tree
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=repo, capture_output=True, text=True).stdout
+    assert tree[1] == "clean: the tree is that commit" if not status else tree[1].startswith("NOT CLEAN: "), (tree, status)
     (tmp_path / "pip.txt").unlink()
     done = subprocess.run(["bash", "scripts/gpu_wheels.sh"], cwd=repo, capture_output=True, text=True, timeout=60,
                           env={**env, "PY": "3.11"})

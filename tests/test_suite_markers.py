@@ -96,3 +96,30 @@ def test_the_suite_runs_where_pytest_xdist_is_not_installed():
                            "-q", f"{TESTS / 'test_suite_markers.py'}::test_every_slow_test_exists_and_none_is_an_exactness_test"],
                           capture_output=True, text=True, cwd=TESTS.parent, env=env)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+def test_the_environment_is_the_courses_defaults():
+    """Under the suite (tests/conftest.py): the embedded pair, no dtype, seed or random-target override, and the hub
+    offline, in this process and so in every notebook kernel it starts."""
+    import huggingface_hub.constants
+
+    from specdec_edu import default_pair
+
+    assert default_pair() == "embedded"
+    for name in ("SPECDEC_EDU_PAIR", "SPECDEC_EDU_DTYPE", "SPECDEC_EDU_SEED", "SPECDEC_EDU_RANDOM_TARGET",
+                 "COLAB_RELEASE_TAG"):
+        assert name not in os.environ, f"{name} reached the tests"
+    assert huggingface_hub.constants.HF_HUB_OFFLINE, "the hub must be off for the tests"
+
+
+def test_the_suite_runs_the_defaults_whatever_the_shell_exported():
+    """A learner's shell with SPECDEC_EDU_PAIR=smollm2 (the README's GPU setting), a 16-bit dtype, another seed, the
+    random target and Colab's marker, and the hub online: the test above still sees the defaults. Before conftest
+    removed them, every notebook under pytest loaded SmolLM2-1.7B from the hub."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST") and k != "HF_HUB_OFFLINE"}
+    env.update(SPECDEC_EDU_PAIR="smollm2", SPECDEC_EDU_DTYPE="bf16", SPECDEC_EDU_SEED="3",
+               SPECDEC_EDU_RANDOM_TARGET="1", COLAB_RELEASE_TAG="release-colab_20261201")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:cacheprovider", "-o", "addopts=",
+                           "-q", f"{TESTS / 'test_suite_markers.py'}::test_the_environment_is_the_courses_defaults"],
+                          capture_output=True, text=True, cwd=TESTS.parent, env=env)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]

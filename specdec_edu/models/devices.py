@@ -134,11 +134,8 @@ def default_dtype(device, reduced: bool = True) -> torch.dtype:
     devices (T4, V100), fp32 on the CPU and MPS. Half the bytes of fp32 halve a GPU step's weight reads.
     ``reduced=False`` (the embedded pair, whose lessons need exact fp32 arithmetic): fp32 everywhere.
     """
-    chosen = os.environ.get("SPECDEC_EDU_DTYPE", "").strip().lower()
+    chosen = requested_dtype_name()
     if chosen:
-        if chosen not in DTYPES:
-            raise ValueError(f"SPECDEC_EDU_DTYPE={chosen!r} is not a dtype: set it to one of {sorted(DTYPES)}, "
-                             "or unset it for the device's default.")
         return DTYPES[chosen]
     device = torch.device(device)
     if not reduced or device.type != "cuda":
@@ -154,10 +151,20 @@ def on_colab() -> bool:
     return "google.colab" in sys.modules or "COLAB_RELEASE_TAG" in os.environ
 
 
+def requested_dtype_name() -> str:
+    """``$SPECDEC_EDU_DTYPE`` as a key of :data:`DTYPES`, or "" when unset or blank; any other value is refused, with
+    the values it takes."""
+    chosen = os.environ.get("SPECDEC_EDU_DTYPE", "").strip().lower()
+    if chosen and chosen not in DTYPES:
+        raise ValueError(f"SPECDEC_EDU_DTYPE={chosen!r} is not a dtype: set it to one of {sorted(DTYPES)}, "
+                         "or unset it for the device's default.")
+    return chosen
+
+
 def dtype_reason(device, dtype: torch.dtype) -> str:
     """One line saying which dtype a pair computes in on ``device``, and why (for a notebook's setup cell)."""
     device, name = torch.device(device), {v: k for k, v in DTYPES.items()}.get(dtype, str(dtype))
-    chosen = os.environ.get("SPECDEC_EDU_DTYPE", "").strip().lower()
+    chosen = requested_dtype_name()  # a value it does not take is refused here too, not echoed as if it were one
     if chosen:  # the override decides, unless the code loaded this pair in another dtype on purpose (notebook 05)
         if DTYPES.get(chosen) == dtype:
             return f"{name} (set by SPECDEC_EDU_DTYPE)"

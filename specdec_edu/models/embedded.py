@@ -170,7 +170,11 @@ def random_target() -> bool:
     to its end, two checks relent while it is set: ``course.claims.record`` leaves out a value with nothing to count
     (0 / 0) instead of refusing it, and the trained Medusa and EAGLE drafters, bound to the real target's weights,
     load onto a random target of the same shape with a warning instead of an error."""
-    return os.environ.get("SPECDEC_EDU_RANDOM_TARGET", "").strip() == "1"
+    value = os.environ.get("SPECDEC_EDU_RANDOM_TARGET", "").strip()
+    if value not in ("", "0", "1"):  # "true" or "yes" meant off, and the offline machine then failed to download
+        raise ValueError(f"SPECDEC_EDU_RANDOM_TARGET={value!r}: set it to 1 (random weights at the embedded "
+                         "target's shape, no download) or 0 / unset (the real weights)")
+    return value == "1"
 
 
 def random_embedded_target(seed: int = 0):

