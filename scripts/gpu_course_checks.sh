@@ -18,8 +18,9 @@
 #   start: 40 s to a minute or more (every second of it counted);
 #   call 1: BUDGET=430 bash scripts/gpu_course_checks.sh all (timeout_s 450);
 #   call 2, only if the tool's `status` shows budget_left_s ≥ 400, sent within 30 s of call 1's return:
-#           GIT_COMMIT=<sha> BUDGET=360 bash scripts/gpu_course_checks.sh 7b (timeout_s 380). That needs the start and call 1 to
-#           end within 500 s: with a slow start it does not fit, and the 7b goals are the next lease's first call;
+#           GIT_COMMIT=<sha> BUDGET=360 bash scripts/gpu_course_checks.sh 7b (timeout_s 380). That needs the start
+#           and call 1 to end within 500 s: with a slow start it does not fit, and the 7b goals are the next lease's
+#           first call;
 #   the bf16 notebooks (SPECDEC_EDU_DTYPE=bf16 ... notebooks) only in a later lease.
 # Every stage writes $OUT/provenance.txt first (date, command, settings, GPU, driver, versions; GIT_COMMIT=<sha>,
 # which scripts/gpu_wheels.sh prints, names the commit, since .git does not travel). PYTHON: the interpreter (default

@@ -14,9 +14,9 @@ import string
 for _name in ("SPECDEC_EDU_PAIR", "SPECDEC_EDU_DTYPE", "SPECDEC_EDU_SEED", "SPECDEC_EDU_RANDOM_TARGET",
               "COLAB_RELEASE_TAG"):
     os.environ.pop(_name, None)
-# Nothing in the tests may come from the Hugging Face hub: a call that tries fails at once instead of downloading.
-# Set before transformers is imported, which reads it once.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Nothing in the tests may come from the Hugging Face hub: a call that tries fails at once instead of downloading
+# (whatever the shell set, 0 included). Set before transformers is imported, which reads it once.
+os.environ["HF_HUB_OFFLINE"] = "1"
 
 import pytest  # noqa: E402 (after the environment above)
 import torch  # noqa: E402 (after the environment above)

@@ -116,9 +116,9 @@ def test_the_suite_runs_the_defaults_whatever_the_shell_exported():
     """A learner's shell with SPECDEC_EDU_PAIR=smollm2 (the README's GPU setting), a 16-bit dtype, another seed, the
     random target and Colab's marker, and the hub online: the test above still sees the defaults. Before conftest
     removed them, every notebook under pytest loaded SmolLM2-1.7B from the hub."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST") and k != "HF_HUB_OFFLINE"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
     env.update(SPECDEC_EDU_PAIR="smollm2", SPECDEC_EDU_DTYPE="bf16", SPECDEC_EDU_SEED="3",
-               SPECDEC_EDU_RANDOM_TARGET="1", COLAB_RELEASE_TAG="release-colab_20261201")
+               SPECDEC_EDU_RANDOM_TARGET="1", COLAB_RELEASE_TAG="release-colab_20261201", HF_HUB_OFFLINE="0")
     done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:cacheprovider", "-o", "addopts=",
                            "-q", f"{TESTS / 'test_suite_markers.py'}::test_the_environment_is_the_courses_defaults"],
                           capture_output=True, text=True, cwd=TESTS.parent, env=env)
