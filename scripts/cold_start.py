@@ -67,7 +67,7 @@ def child(args) -> dict:
     from specdec_edu import autoregressive_generate, kv, speculative_generate
     from specdec_edu.drafters import ModelDrafter
     from specdec_edu.generate import compiles_by_default
-    from specdec_edu.models.devices import default_device, default_dtype
+    from specdec_edu.models.devices import default_device, default_dtype, device_name
 
     times["import"], start = time.perf_counter() - start, time.perf_counter()
     device = torch.device(args.device) if args.device else default_device()
@@ -108,8 +108,6 @@ def child(args) -> dict:
                                     compile_options=options)
     sync()
     step_ms = 1000 * (timed.stats.seconds - timed.stats.prefill_seconds) / STEPS  # the prefill gives the first token
-    from specdec_edu.models.devices import device_name
-
     # what "default" meant in this version (torch.compile's own default backend is inductor)
     resolved = {"backend": "inductor", **kv.full_compile_options(device, options)} if compiled else {}
     return {"path": args.path, "compiled": bool(out.stats.compiled), "backend": resolved.get("backend"),

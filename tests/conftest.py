@@ -11,8 +11,9 @@ import string
 # this environment): the embedded pair in float32, the default seed, real weights, never Colab's pair. A learner who
 # set SPECDEC_EDU_PAIR=smollm2 for a GPU, or a Colab runtime (COLAB_RELEASE_TAG), would otherwise send every notebook
 # to the hub for SmolLM2-1.7B. scripts/execute_notebooks.py honours these variables for a deliberate run.
-for _name in ("SPECDEC_EDU_PAIR", "SPECDEC_EDU_DTYPE", "SPECDEC_EDU_SEED", "SPECDEC_EDU_RANDOM_TARGET",
-              "COLAB_RELEASE_TAG"):
+SHELL_SETTINGS_REMOVED = ("SPECDEC_EDU_PAIR", "SPECDEC_EDU_DTYPE", "SPECDEC_EDU_SEED", "SPECDEC_EDU_RANDOM_TARGET",
+                          "COLAB_RELEASE_TAG")
+for _name in SHELL_SETTINGS_REMOVED:
     os.environ.pop(_name, None)
 # Nothing in the tests may come from the Hugging Face hub: a call that tries fails at once instead of downloading
 # (whatever the shell set, 0 included). Set before transformers is imported, which reads it once.

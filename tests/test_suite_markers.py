@@ -91,11 +91,16 @@ def test_a_process_started_under_xdist_runs_torch_on_its_share():
 def test_the_suite_runs_where_pytest_xdist_is_not_installed():
     """The GPU image has pytest without pytest-xdist; there conftest's ``-n auto`` hook must not stop the suite
     (pytest refuses a conftest hook that no plugin declares, unless it is marked optional)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:cacheprovider", "-o", "addopts=",
-                           "-q", f"{TESTS / 'test_suite_markers.py'}::test_every_slow_test_exists_and_none_is_an_exactness_test"],
-                          capture_output=True, text=True, cwd=TESTS.parent, env=env)
+    done = run_in_a_fresh_pytest("test_every_slow_test_exists_and_none_is_an_exactness_test")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+def run_in_a_fresh_pytest(test: str, **env) -> subprocess.CompletedProcess:
+    """One test of this file in a pytest of its own, without xdist, under this environment plus ``env``."""
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}, **env}
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:cacheprovider", "-o", "addopts=",
+                           "-q", f"{TESTS / 'test_suite_markers.py'}::{test}"],
+                          capture_output=True, text=True, cwd=TESTS.parent, env=env)
 
 
 def test_the_environment_is_the_courses_defaults():
@@ -106,8 +111,7 @@ def test_the_environment_is_the_courses_defaults():
     from specdec_edu import default_pair
 
     assert default_pair() == "embedded"
-    for name in ("SPECDEC_EDU_PAIR", "SPECDEC_EDU_DTYPE", "SPECDEC_EDU_SEED", "SPECDEC_EDU_RANDOM_TARGET",
-                 "COLAB_RELEASE_TAG"):
+    for name in conftest.SHELL_SETTINGS_REMOVED:
         assert name not in os.environ, f"{name} reached the tests"
     assert huggingface_hub.constants.HF_HUB_OFFLINE, "the hub must be off for the tests"
 
@@ -116,10 +120,7 @@ def test_the_suite_runs_the_defaults_whatever_the_shell_exported():
     """A learner's shell with SPECDEC_EDU_PAIR=smollm2 (the README's GPU setting), a 16-bit dtype, another seed, the
     random target and Colab's marker, and the hub online: the test above still sees the defaults. Before conftest
     removed them, every notebook under pytest loaded SmolLM2-1.7B from the hub."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
-    env.update(SPECDEC_EDU_PAIR="smollm2", SPECDEC_EDU_DTYPE="bf16", SPECDEC_EDU_SEED="3",
-               SPECDEC_EDU_RANDOM_TARGET="1", COLAB_RELEASE_TAG="release-colab_20261201", HF_HUB_OFFLINE="0")
-    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:cacheprovider", "-o", "addopts=",
-                           "-q", f"{TESTS / 'test_suite_markers.py'}::test_the_environment_is_the_courses_defaults"],
-                          capture_output=True, text=True, cwd=TESTS.parent, env=env)
+    done = run_in_a_fresh_pytest("test_the_environment_is_the_courses_defaults", SPECDEC_EDU_PAIR="smollm2",
+                                 SPECDEC_EDU_DTYPE="bf16", SPECDEC_EDU_SEED="3", SPECDEC_EDU_RANDOM_TARGET="1",
+                                 COLAB_RELEASE_TAG="release-colab_20261201", HF_HUB_OFFLINE="0")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
