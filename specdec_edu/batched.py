@@ -31,7 +31,7 @@ from .drafters import ModelDrafter, check_draft_can_read, draft_loop, no_drafts,
 from .models.shapes import head_rows, max_positions, sliding_window
 from .result import GenerationResult, GenerationStats, PhaseClock, RoundRecorder
 from .round import past_draft_limit, refuse_unreadable_prompt, round_gamma, speculative_round
-from .sampling import GenerationConfig, nonfinite_logits_error, sample
+from .sampling import GenerationConfig, logits_broken, nonfinite_logits_error, sample
 
 
 def _masked_forward(model, cache, mask, ids, new_mask, **kwargs):
@@ -125,7 +125,7 @@ class Batch:
 
     def read_and_check(self, decision: torch.Tensor, drafts: torch.Tensor, logits: torch.Tensor):
         """One copy to the host: every row's decision and drafts, and the NaN flags (target, draft); raises on a flag."""
-        nonfinite = torch.stack([~torch.isfinite(logits).all(), self.q_not_finite]).long()
+        nonfinite = torch.stack([logits_broken(logits), self.q_not_finite]).long()
         host = torch.cat([decision.flatten(), drafts.flatten(), nonfinite]).tolist()
         if host[-2]:
             raise nonfinite_logits_error("target")
@@ -238,9 +238,9 @@ def batched_autoregressive_generate(target, input_ids, attention_mask, config: G
     batch.prefill_seconds = clock.lap()
     while True:
         tokens = (sample(config.to_probs(logits), generator) if config.do_sample else logits.argmax(-1))[:, None]  # [B, 1]
-        finite = torch.isfinite(logits).all().long().view(1)
-        *host_tokens, all_finite = torch.cat([tokens[:, 0], finite]).tolist()  # one read per token
-        if not all_finite:
+        broken = logits_broken(logits).long().view(1)
+        *host_tokens, any_broken = torch.cat([tokens[:, 0], broken]).tolist()  # one read per token
+        if any_broken:
             raise nonfinite_logits_error("target")
         for row, token in zip(rows, host_tokens):
             if not row.stats.stopped_by:  # the first token comes from the prefill: not a round (as for one prompt)

@@ -45,7 +45,7 @@ from .drafters import (
 from .models.shapes import head_rows, max_positions
 from .result import GenerationResult, GenerationStats, PhaseClock, RoundRecorder, stop_reason
 from .round import round_gamma, speculative_round
-from .sampling import GenerationConfig, check_generator, nonfinite_logits_error, sample
+from .sampling import GenerationConfig, check_generator, logits_broken, nonfinite_logits_error, sample
 
 __all__ = ["speculative_generate", "autoregressive_generate", "compiles_by_default"]
 
@@ -176,7 +176,9 @@ def propose_checked(drafter, context, gamma, to_probs, generator, device, vocab_
         raise ValueError(f"{name}.propose returned {len(drafts)} tokens but was asked for at most γ = {gamma}: "
                          "return tokens[:gamma] (the round's γ may be smaller than the one you set, near the limits).")
     if q.shape[-1] > vocab_size:
-        raise ValueError(f"{name}.propose returned q over {q.shape[-1]} token ids but the target has only {vocab_size}.")
+        raise ValueError(f"{name}.propose returned q over {q.shape[-1]} token ids but the target has only {vocab_size}: "
+                         f"return q with at most {vocab_size} columns, one per target token id (q = 0 is implied for "
+                         "the ids after its last column).")
     drafts, q = to_device(drafts, device), torch.nn.functional.pad(to_device(q, device), (0, vocab_size - q.shape[-1]))
     in_range = (drafts >= 0) & (drafts < vocab_size)
     q_x = q.gather(1, drafts.clamp(0, vocab_size - 1)[:, None])[:, 0]
@@ -190,7 +192,7 @@ def propose_checked(drafter, context, gamma, to_probs, generator, device, vocab_
 class RoundErrors(NamedTuple):
     """The round's error flags (0 or 1), computed on the device and read with its decision, in this order."""
 
-    logits_not_finite: int  # the target's verify logits hold NaN or inf
+    logits_not_finite: int  # the target's verify logits hold NaN or +inf, or a row of only −inf (sampling.logits_broken)
     q_not_a_distribution: int  # the drafter's q: NaN/inf, negative, or rows that do not sum to 1
     token_outside_q: int  # a draft the drafter gave q = 0, or an id outside the vocabulary
 
@@ -336,7 +338,7 @@ class OnePrompt:
 
     def read_and_check(self, decision: torch.Tensor, drafts: torch.Tensor, logits: torch.Tensor):
         """One copy to the host: the decision, the drafts and the error flags; raises on a flag."""
-        flags = torch.cat([~torch.isfinite(logits).all().view(1), self.q_flags]).long()  # [3], in RoundErrors' order
+        flags = torch.cat([logits_broken(logits).view(1), self.q_flags]).long()  # [3], in RoundErrors' order
         n, next_token, *drafts_and_flags = torch.cat([decision, drafts, flags]).tolist()
         raise_for_errors(RoundErrors(*drafts_and_flags[len(drafts):]), self.drafter)
         self.n_drafted, self.n_accepted = len(drafts), n  # host ints, for roll_back's crop
@@ -479,8 +481,8 @@ def autoregressive_generate(
     logits = kv.forward_cached(target, prompt[None], cache, logits_to_keep=1).logits[0, -1]  # prefill → first next-token logits
     while True:
         token = logits.argmax() if not do_sample else sample(config.to_probs(logits), generator)
-        token_id, finite = torch.stack([token, torch.isfinite(logits).all().long()]).tolist()  # one sync per token
-        if not finite:
+        token_id, broken = torch.stack([token, logits_broken(logits).long()]).tolist()  # one sync per token
+        if broken:
             raise nonfinite_logits_error("target")
         new.append(token_id)
         if not stats.rounds:  # the prefill's forward made the first token

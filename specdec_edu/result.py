@@ -161,11 +161,18 @@ class GenerationStats:
         return self._judged_and_accepted(gamma)[1]
 
     @property
+    def row_rounds(self) -> int:
+        """Rounds counted per sequence, the denominator of τ: ``rounds`` for one prompt. A batch's ``rounds`` counts its
+        batched forwards, each serving every row still generating; here its rows' rounds are added up (one entry
+        per row per round in ``tokens_per_round``), so that a batch's τ is a row's tokens per round, not B times it."""
+        return len(self.tokens_per_round) or self.rounds  # target-only decoding of one prompt records no per-round list
+
+    @property
     def drafts_per_round(self) -> float:
-        """drafted / rounds: γ where every round drafts γ (but the last, cut to fit); less for a drafter that drafts
-        only what it finds (prompt lookup, suffix), whose rounds Leviathan's formula does not describe
-        (``theory.drafts_short_of_gamma``)."""
-        return self.drafted / self.rounds if self.rounds else float("nan")
+        """drafted / rounds (per row, for a batch): γ where every round drafts γ (but the last, cut to fit); less for a
+        drafter that drafts only what it finds (prompt lookup, suffix), whose rounds Leviathan's formula does not
+        describe (``theory.drafts_short_of_gamma``)."""
+        return self.drafted / self.row_rounds if self.row_rounds else float("nan")
 
     @property
     def accepted_per_drafted(self) -> float:
@@ -186,8 +193,8 @@ class GenerationStats:
 
         Speculative decoding's prefill emits no token, so this is the mean tokens per verify pass, Leviathan's
         (1 − α^(γ+1)) / (1 − α). Target-only decoding's prefill emits the first token, so there it is
-        n / (n − 1) for n new tokens, a little above 1."""
-        return self.new_tokens / self.rounds if self.rounds else float("nan")
+        n / (n − 1) for n new tokens, a little above 1. For a batch, per row (:attr:`row_rounds`)."""
+        return self.new_tokens / self.row_rounds if self.row_rounds else float("nan")
 
     @property
     def tokens_per_second(self) -> float:

@@ -70,20 +70,27 @@ def speculative_round(loop: Loop, gamma_round: int, config: GenerationConfig, ac
         p = config.to_probs(logits)  # the target's p_1..p_{γ+1}, warped like q
         decision = accept(accept_rule or verify_drafts, p, q, drafts, generator)  # [..., 2] = (n, next_token)
     drafts, n, next_token = loop.read_and_check(decision, drafts, logits)  # the round's ONE device→host read
-    check_accepted(n, drafts)  # before the caches are rolled back by n
+    check_accepted(n, next_token, drafts, loop.vocab_size)  # before the caches are rolled back by n
     decide_time = clock.lap()
     loop.roll_back(decision)  # the caches keep [newest, x_1..x_n]; next_token is the new `newest`
     phases = dict(draft=draft_time, verify_forward=forward_time, accept_resample=decide_time, cache_crop=clock.lap())
     return drafts, n, next_token, phases
 
 
-def check_accepted(n, drafts) -> None:
-    """0 ≤ n ≤ γ' for every row (host ints: ``n`` and ``drafts`` of one prompt, or lists of them for a batch). The
-    package's rules always hold it; a hand-written ``accept_fn`` that does not would corrupt the cache rollback."""
-    for n_row, drafts_row in [(n, drafts)] if isinstance(n, int) else zip(n, drafts):
+def check_accepted(n, next_token, drafts, vocab_size: int) -> None:
+    """0 ≤ n ≤ γ' and 0 ≤ next_token < V for every row (host ints: ``n``, ``next_token`` and ``drafts`` of one
+    prompt, or lists of them for a batch). The package's rules always hold it; a hand-written ``accept_fn`` that
+    does not would corrupt the cache rollback, or feed the target an id it has no embedding for (on a GPU, a
+    device-side assert that ends the process)."""
+    rows = [(n, next_token, drafts)] if isinstance(n, int) else zip(n, next_token, drafts)
+    for n_row, next_row, drafts_row in rows:
         if not 0 <= n_row <= len(drafts_row):
             raise ValueError(f"the accept rule returned n = {n_row} accepted drafts for a round of {len(drafts_row)}: an "
                              "accept_fn must return (n, next_token) with 0 <= n <= the number of drafts it was given.")
+        if not 0 <= next_row < vocab_size:
+            raise ValueError(f"the accept rule returned next_token = {next_row}, outside the target's {vocab_size} token "
+                             "ids: an accept_fn must return (n, next_token) with next_token drawn from p or the "
+                             "residual, an id in 0 .. V − 1.")
 
 
 def round_gamma(gamma: int, rows: list[RoundRecorder], draft_limit: int | None = None) -> int:

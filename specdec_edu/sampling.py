@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import math
 import numbers
+import operator
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -53,14 +55,14 @@ def logits_to_probs(
         top_k: keep the ``k`` largest logits (``0`` disables).
         top_p: keep the smallest set of tokens whose probability reaches ``top_p``
             (``1.0`` disables); the most likely token is always kept.
-        check_finite: raise on NaN/inf logits. Checking reads a flag back from the device
+        check_finite: raise on NaN/+inf logits (``logits_broken``). Checking reads a flag back from the device
             (a host sync), so ``speculative_generate`` turns it off and checks once per round.
 
     Returns:
         ``[..., V]`` probabilities, float32 (float64 if ``logits`` is float64).
     """
     check_sampling_args(temperature, top_k, top_p)
-    if check_finite and not torch.isfinite(logits).all():
+    if check_finite and logits_broken(logits):
         raise nonfinite_logits_error("model")
     logits = logits.double() if logits.dtype == torch.float64 else logits.float()
 
@@ -90,9 +92,17 @@ def logits_to_probs(
     return logits.softmax(-1)
 
 
+def logits_broken(logits: torch.Tensor) -> torch.Tensor:
+    """True (a 0-dim bool tensor: no host sync) where ``logits`` ``[..., V]`` hold NaN or +inf, the marks of an
+    overflowed forward pass, or a row whose every logit is −inf (nothing to sample). A −inf among finite logits is a
+    masked token, not an overflow: it gets probability 0."""
+    return torch.isnan(logits).any() | torch.isposinf(logits).any() | torch.isneginf(logits).all(-1).any()
+
+
 def nonfinite_logits_error(who: str) -> ValueError:
-    """The error for NaN/inf logits (an overflowed forward pass), naming the fix."""
-    return ValueError(f"the {who} produced NaN or inf logits: its forward pass overflowed. Run it in float32: "
+    """The error for NaN/+inf logits (an overflowed forward pass), naming the fix."""
+    return ValueError(f"the {who} produced NaN or +inf logits (or a row of only −inf): its forward pass overflowed. "
+                      "Run it in float32: "
                       "load_pair(PAIR, dtype=torch.float32), or SPECDEC_EDU_DTYPE=fp32 set before the models load "
                       "(the notebooks' setup cell reads it); or check its weights.")
 
@@ -149,7 +159,18 @@ class GenerationConfig:
         if self.pad_token_id is None:  # found only after the whole generation, when the result is padded
             raise ValueError("pad_token_id=None: give an int, the id that fills rows that end early (a tokenizer "
                              "without a pad token: pad_token_id=tokenizer.eos_token_id).")
+        try:
+            operator.index(self.pad_token_id)  # an int, a numpy int or an integer 0-dim tensor; not 1.5, not True
+            if isinstance(self.pad_token_id, bool):
+                raise TypeError
+        except TypeError:
+            raise ValueError(f"pad_token_id={self.pad_token_id!r}: give an int token id (e.g. tokenizer.pad_token_id).") from None
         check_sampling_args(self.temperature, self.top_k, self.top_p)
+        _ = self.eos  # refuse a malformed eos_token_id now, not at the first token
+        if not self.do_sample and (self.temperature not in (0, 1) or self.top_k or self.top_p != 1):
+            # As Hugging Face's generate warns: these settings only shape sampling, and greedy decoding ignores them.
+            warnings.warn(f"temperature={self.temperature}, top_k={self.top_k}, top_p={self.top_p} are ignored: "
+                          "do_sample=False decodes greedily. Pass do_sample=True to sample with them.", stacklevel=4)
 
     @property
     def eos(self) -> frozenset[int]:
@@ -158,8 +179,14 @@ class GenerationConfig:
         host token id (a set of tensors would hash each by identity and never match)."""
         if self.eos_token_id is None:
             return frozenset()
-        ids = torch.as_tensor(self.eos_token_id)
-        if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        try:
+            ids = torch.as_tensor(self.eos_token_id)
+        except (TypeError, ValueError, RuntimeError):  # a string, a ragged list: as_tensor's own message names no fix
+            ids = None
+        if ids is not None and ids.numel() == 0:
+            raise ValueError(f"eos_token_id={self.eos_token_id!r} is empty: give at least one id, or None for no "
+                             "early stop.")
+        if ids is None or ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
             raise ValueError(f"eos_token_id={self.eos_token_id!r}: token ids are integers (e.g. tokenizer.eos_token_id).")
         return frozenset(ids.flatten().tolist())
 

@@ -28,6 +28,8 @@ from .verify import acceptance_probability, residual_distribution
 
 
 def _check(alpha, gamma, c=0.0, verify_cost=1.0):
+    """Refuse impossible inputs. A NaN α or c passes: a run that judged no draft has α = NaN (``stats.alpha``), and
+    its predicted speedup is then NaN too, printed as such, rather than an error that stops a benchmark."""
     a = np.asarray(alpha, dtype=float)
     if np.any((a < 0) | (a > 1)):
         raise ValueError(f"alpha must lie in [0, 1] (it is a probability), got {alpha}")
@@ -85,6 +87,9 @@ def optimal_gamma(alpha: float, c: float, max_gamma: int = 16, verify_cost=1.0) 
         raise ValueError(f"max_gamma must be a whole number of draft tokens >= 0 (0: no drafting), got {max_gamma!r}")
     cost = verify_cost if callable(verify_cost) else (lambda g: verify_cost)
     _check(alpha, max_gamma, c, cost(1))
+    if np.isnan(alpha) or np.isnan(c):  # every γ's speedup is NaN, and max() would return γ = 0 as if it had won
+        raise ValueError(f"alpha = {alpha}, c = {c}: no γ can be chosen from NaN (a run that judged no draft has "
+                         "α = NaN): measure α and c on a run whose drafter proposed something.")
     speedup = {0: 1.0} | {g: expected_speedup(alpha, g, c, cost(g)) for g in range(1, max_gamma + 1)}
     return max(speedup, key=speedup.get)  # the first of equal maxima: γ = 0 when nothing beats the target alone
 

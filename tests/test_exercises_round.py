@@ -1,6 +1,8 @@
 """The "build it yourself" checker of notebook 06: a correct greedy round passes, a round that forgets to roll
 back the target's KV cache fails visibly, and an unwritten one is reported as such."""
 
+import re
+
 import torch
 
 from specdec_edu import kv
@@ -42,8 +44,6 @@ def test_the_failure_names_the_targets_token_and_the_first_round_that_left_the_c
     """The FAIL lines a learner debugs from: at the first divergent position, the target's greedy token (the
     reference's, not the rounds'), and the *first* round after which the cache had the wrong length (here round 1:
     the unrelated draft's first drafts are rejected, and nothing is cropped)."""
-    import re
-
     from specdec_edu import autoregressive_generate
 
     no_crop = lambda *args: greedy_round(*args, crop=False)  # noqa: E731
@@ -288,3 +288,17 @@ def test_a_float16_near_tie_passes_too(capsys):
         assert "PASS (up to rounding)" in out and "near-tie" in out and "float16" in out
     finally:
         handle.remove()
+
+
+def test_with_a_tokenizer_the_failure_shows_each_tokens_text(target, draft, capsys):
+    """Notebook 06 passes its tokenizer: a learner reads "1 (' the')", not a bare id."""
+    class Letters:  # a stand-in tokenizer: id i is the letter chr(97 + i % 26)
+        def decode(self, ids):
+            return "".join(chr(97 + i % 26) for i in ids)
+
+    no_crop = lambda *args: greedy_round(*args, crop=False)  # noqa: E731
+    assert check_speculative_round(no_crop, target, draft, PROMPT, gamma=4, max_new_tokens=20, tokenizer=Letters()) is False
+    out = capsys.readouterr().out
+    said_target, text, said_rounds, text_rounds = re.search(
+        r"the target's greedy token is (\d+) \('(.)'\), your rounds gave (\d+) \('(.)'\)", out).groups()
+    assert text == chr(97 + int(said_target) % 26) and text_rounds == chr(97 + int(said_rounds) % 26)

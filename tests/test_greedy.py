@@ -99,20 +99,25 @@ def test_prompt_lookup_drafts_that_the_target_accepts_are_its_own_tokens():
 
 
 def test_never_exceeds_max_new_tokens(target, close_draft):
-    for max_new in [1, 2, 3, 7]:
-        out = speculative_generate(target, close_draft, PROMPTS[3][None], max_new_tokens=max_new, gamma=5)
-        assert out.stats.new_tokens == max_new == out.sequences.shape[1] - len(PROMPTS[3]) == len(out.token_sources[0])
+    """With the target as its own draft every round keeps all γ = 5 drafts and its bonus, so a round that did not
+    cut γ to the tokens left would overshoot every limit here (close_draft, which keeps few, overshot only one)."""
+    for drafter in (target, close_draft):
+        for max_new in [1, 2, 3, 7]:
+            out = speculative_generate(target, drafter, PROMPTS[3][None], max_new_tokens=max_new, gamma=5)
+            assert out.stats.new_tokens == max_new == out.sequences.shape[1] - len(PROMPTS[3]) == len(out.token_sources[0])
 
 
 def test_explicit_model_drafter_and_reuse(target, close_draft):
-    """A ModelDrafter object can be reused across calls: its cache resyncs with each new context."""
+    """A ModelDrafter object can be reused across calls: its cache resyncs with each new context. Sampled, so that
+    every draft's q counts: a reused drafter whose cache kept the last call's keys and values would draft from other
+    q, and the same seed would then accept other drafts than a fresh drafter does."""
     drafter = ModelDrafter(close_draft)
     for prompt in PROMPTS[:4]:
-        out = speculative_generate(target, drafter, prompt[None], max_new_tokens=15, gamma=3)
-        assert out.sequences[0].tolist() == reference(target, prompt, 15).tolist()
-        # Greedy output is the target's whatever the drafts are: the drafts themselves show a stale cache.
-        fresh = speculative_generate(target, ModelDrafter(close_draft), prompt[None], max_new_tokens=15, gamma=3)
-        assert out.stats.accepted_per_round == fresh.stats.accepted_per_round
+        reused, fresh = (speculative_generate(target, d, prompt[None], max_new_tokens=15, gamma=3, do_sample=True,
+                                              generator=torch.Generator().manual_seed(0))
+                         for d in (drafter, ModelDrafter(close_draft)))
+        assert reused.sequences.tolist() == fresh.sequences.tolist()
+        assert reused.stats.accepted_per_round == fresh.stats.accepted_per_round and reused.stats.accepted > 0
 
 
 

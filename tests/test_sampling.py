@@ -90,12 +90,22 @@ def test_bad_sampling_args_name_the_fix(kwargs, fix):
         logits_to_probs(torch.zeros(5), **kwargs)
 
 
-@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_non_finite_logits_are_refused(bad):
     logits = torch.zeros(5)
     logits[2] = bad
     with pytest.raises(ValueError, match="float32"):
         logits_to_probs(logits)
+
+
+def test_a_masked_logit_is_probability_zero_but_a_row_of_them_is_refused():
+    """−inf among finite logits is a masked token (probability 0), not an overflow; a row with nothing finite has
+    nothing to sample."""
+    logits = torch.zeros(5)
+    logits[2] = float("-inf")
+    assert logits_to_probs(logits).tolist() == [0.25, 0.25, 0.0, 0.25, 0.25]
+    with pytest.raises(ValueError, match="a row of only −inf"):
+        logits_to_probs(torch.full((2, 5), float("-inf")))
 
 
 # ---- the sampler: torch.multinomial's draw, without its reads from the device ------------------------------------

@@ -170,7 +170,7 @@ def test_eos_inside_accepted_drafts_counts_only_emitted_tokens(target, do_sample
     emitted: they must not count, so token_sources and the counters agree, and α stays 1."""
     gamma, prompt = 4, torch.tensor([[1, 5, 9, 3, 7]])
     run = lambda eos: speculative_generate(
-        target, target, prompt, max_new_tokens=10, gamma=gamma, do_sample=do_sample, temperature=0.8,
+        target, target, prompt, max_new_tokens=10, gamma=gamma, do_sample=do_sample, temperature=0.8 if do_sample else 1.0,
         generator=torch.Generator().manual_seed(3), eos_token_id=eos,
     )
     free = run(None)

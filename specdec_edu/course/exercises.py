@@ -95,7 +95,8 @@ def check_alpha_for_speedup(a, gamma: int, c: float, verify_cost: float, speedup
 
 
 @torch.no_grad()
-def check_speculative_round(round_fn, target, draft, prompt_ids, *, gamma: int = 4, max_new_tokens: int = 24) -> bool | None:
+def check_speculative_round(round_fn, target, draft, prompt_ids, *, gamma: int = 4, max_new_tokens: int = 24,
+                            tokenizer=None) -> bool | None:
     """Run ``round_fn`` round after round from ``prompt_ids`` and compare with the target's greedy output.
 
     ``round_fn(target, draft, cache, context, gamma) -> list[int]`` is one greedy round: ``context`` ``[n]``
@@ -109,7 +110,8 @@ def check_speculative_round(round_fn, target, draft, prompt_ids, *, gamma: int =
     "not written yet") if ``round_fn`` returns ``NotImplemented``. In float32 PASS means identical token for
     token. A bf16/fp16 target can flip a near-tie between the reference's 1-token forwards and the rounds'
     (γ + 1)-token ones: such a divergence passes, saying so, when ``check_same_output`` finds it within
-    rounding's reach (a forgotten crop is far outside it).
+    rounding's reach (a forgotten crop is far outside it). With ``tokenizer``, a FAIL line shows each token's text
+    beside its id.
     """
     from .. import kv
     from ..generate import autoregressive_generate
@@ -161,8 +163,10 @@ def check_speculative_round(round_fn, target, draft, prompt_ids, *, gamma: int =
         print(f"PASS: {len(new)} tokens identical to the target's greedy decoding (γ = {gamma})")
         return True
     if diverged is not None:
+        def shown(token: int) -> str:
+            return f"{token} ({tokenizer.decode([token])!r})" if tokenizer is not None else str(token)
         print(f"FAIL: first divergent position {diverged['position']}: the target's greedy token is "
-              f"{diverged['reference_token']}, your rounds gave {diverged['candidate_token']}")
+              f"{shown(diverged['reference_token'])}, your rounds gave {shown(diverged['candidate_token'])}")
     if wrong_cache is not None:
         print(f"FAIL: after round {wrong_cache[0]} the target's cache held {wrong_cache[1]} positions, "
               f"expected {wrong_cache[2]} (all but the newest token): crop the rejected drafts")
