@@ -59,6 +59,15 @@ def nb_code(number: str, pattern: str) -> Callable[[], float]:
 
 
 @cache
+def nb_printed(number: str, pattern: str) -> Callable[[], float]:
+    """A number notebook ``number`` printed (the first group of ``pattern`` in its code cells' text outputs)."""
+    def read():
+        text = "\n".join("".join(o.get("text", "")) for c in notebook(number)["cells"] if c["cell_type"] == "code"
+                         for o in c.get("outputs", []))
+        return float(re.search(pattern, text).group(1))
+    return read
+
+
 def result(name: str) -> dict:
     return json.loads((RESULTS / name).read_text())
 
@@ -261,8 +270,8 @@ FIGURES: list[tuple[str, list]] = [
      rf"\| HF `generate\(prompt_lookup_num_tokens=4\)` \| {NUM} \| {NUM} \|",
      [tok_s(LOOKUP, "target_only"), vs_target(LOOKUP, "target_only"), tok_s(LOOKUP, "speculative"), js(LOOKUP, "speedup"),
       tok_s(LOOKUP, "hf_prompt_lookup"), vs_target(LOOKUP, "hf_prompt_lookup")]),
-    (r" ".join(rf"\| {b} \| {NUM} \| {NUM} \| {NUM} \|" for b in (1, 4, 16)),
-     [batched(b, k) for b in (1, 4, 16) for k in ("target_only_tok_s", "speculative_tok_s", "speedup")]),
+    (r" ".join(rf"\| {b} \| {NUM} \| {NUM} \| {NUM} \| {NUM} \|" for b in (1, 4, 16)),
+     [batched(b, k) for b in (1, 4, 16) for k in ("target_only_tok_s", "speculative_tok_s", "speedup", "alpha")]),
     (rf"on its own prompts \({NUM}× at batch 1, {NUM}× at batch 16, on the CPU of the committed notebooks,",
      [nb("09", "batch_speedup_1"), nb("09", "batch_speedup_16")]),
     # Measured on this machine: from the committed notebooks
@@ -275,13 +284,15 @@ FIGURES: list[tuple[str, list]] = [
         nb("08", f"pl_speedup_{key}")])
       for task, key in [("rewrite a pasted paragraph", "rewrite"), ("extract from a pasted text", "extract"),
                         ("open-ended question", "open")]],
-    (rf"best fixed γ = {NUM} / dynamic γ \| — \| 0\.8 \| — \| \*\*{NUM}×\*\* / {NUM} of it \| notebook 07 ",
-     [nb("07", "g_best_dial"), nb("07", "dial_best"), nb("07", "dyn_ratio_dial")]),
+    (rf"best fixed γ = {NUM} / dynamic γ \| — \| {NUM} dialled \({NUM} measured\) \| — \| \*\*{NUM}×\*\* / {NUM} of it \(one",
+     [nb("07", "g_best_dial"), nb_printed("07", r"\(the dial sets ([\d.]+)\)"),
+      nb_printed("07", r"dial drafter: α = ([\d.]+) in its fixed-γ runs"), nb("07", "dial_best"),
+      nb("07", "dyn_ratio_dial")]),
     (rf"prompt lookup, best fixed γ = {NUM} / dynamic γ \| copy from the input \| — \| — \| \*\*{NUM}×\*\* / {NUM} of it",
      [nb("07", "g_best_lookup"), nb("07", "lookup_best"), nb("07", "dyn_ratio_look")]),
     (rf"open chat \| — \| — \| {NUM}× \(ours in the same run: {NUM}×\) \| notebook 10",
      [nb("10", "speedup_hf_assisted"), nb("10", "speedup_ours")]),
-    (rf"\| EAGLE head \(γ = 4\) \| open chat \| {NUM} \| — \| {NUM}× \| notebook 11",
+    (rf"\| EAGLE head \(γ = 4\) \| 2 open questions \+ 1 copy task \| {NUM} \| — \| {NUM}× \| notebook 11",
      [nb("11", "alpha_eagle"), nb("11", "measured_eagle")]),
     (rf"open question / rewrite \| {NUM} / {NUM} \| — \| {NUM}× / \*\*{NUM}×\*\* \| notebook 00",
      [nb("00", "alpha_model"), nb("00", "alpha_lookup"), nb("00", "speedup_model"), nb("00", "speedup_lookup")]),
