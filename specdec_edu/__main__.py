@@ -37,10 +37,24 @@ def build_parser() -> argparse.ArgumentParser:
                         help="on an error, show the full traceback (default: one line that names the fix)")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
+    parser.command_parsers = {}  # name -> its subparser: an unknown flag is reported with the command's own usage
     for name, (_, help_text) in COMMANDS.items():
-        sub = subparsers.add_parser(name, help=help_text, description=help_text)
+        sub = parser.command_parsers[name] = subparsers.add_parser(name, help=help_text, description=help_text)
         _command_module(name).add_arguments(sub)
     return parser
+
+
+def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """``parser.parse_args``, except that a flag the chosen command does not have is reported with that command's
+    usage (argparse reports it with the top-level usage, which lists no command's flags): ``demo --pair smollm2``
+    then shows demo's flags. ``--traceback`` after the command is told where it goes."""
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        hint = ""
+        if "--traceback" in unknown:
+            hint = f" (--traceback goes before the command: python -m specdec_edu --traceback {args.command} ...)"
+        parser.command_parsers[args.command].error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     from .models.embedded import HubUnavailableError
     from .models.weights import EmbeddedModelError
 
-    args = build_parser().parse_args(argv)
+    args = parse(build_parser(), argv)
     try:
         return _command_module(args.command).main(args)
     # a bad setting (SPECDEC_EDU_*), no Hub, an embedded model that cannot be fetched or found: the message names the fix

@@ -597,3 +597,15 @@ def test_summarise_checks_outputs_against_target_only_and_measures_a_gamma_plus_
                                         "target_only_eager": True}
     assert out["compiled_over_eager"] == {"target_only": 2.0, "speculative": 2.0}
     assert "| speculative | 4.0 | 2.00 | NO |" in format_table(out)
+
+
+def test_a_plot_name_of_the_wrong_type_is_refused_without_touching_the_folder(tmp_path, monkeypatch):
+    """The write test (which creates the file for a moment) ran before the file-type check, so ``--plot out.txt``
+    created and removed out.txt before it was refused."""
+    tried = []
+    monkeypatch.setattr(bench, "can_write", lambda path: tried.append(path) or True)
+    with pytest.raises(SystemExit, match="matplotlib cannot write .txt files"):
+        bench.check_outputs(None, str(tmp_path / "out.txt"))
+    assert tried == []
+    bench.check_outputs(None, str(tmp_path / "out.png"))  # the control: a good name is tried
+    assert tried == [str(tmp_path / "out.png")]

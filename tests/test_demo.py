@@ -460,3 +460,50 @@ def test_the_summary_names_its_machine_and_the_drafters_that_draft_less_than_gam
     for drafter in full:
         assert demo.DRAFTER_LABELS[drafter] not in note
     assert demo.short_drafts_note([r for r in reports if r.drafter in full], 4) == ""  # the control: no line
+
+
+def test_a_flag_the_command_lacks_is_reported_with_the_commands_usage(capsys):
+    """argparse reported ``demo --pair smollm2`` under the top-level usage, which lists no command's flags; and
+    ``--traceback`` after the command was just "unrecognized"."""
+    with pytest.raises(SystemExit) as info:
+        main(["demo", "--pair", "smollm2"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2
+    assert "usage: python -m specdec_edu demo" in err and "--max-new-tokens" in err
+    assert "demo: error: unrecognized arguments: --pair smollm2" in err
+    with pytest.raises(SystemExit):
+        main(["gpu-report", "--traceback"])
+    assert "--traceback goes before the command: python -m specdec_edu --traceback gpu-report" in capsys.readouterr().err
+
+
+def test_a_bad_device_is_refused_before_anything_loads(monkeypatch, capsys):
+    """``demo --device foo`` printed "loading the embedded pair ..." before refusing: the device is checked first."""
+    def no_load(*args, **kwargs):
+        raise AssertionError("the models were loaded")
+
+    monkeypatch.setattr(demo, "load_models", no_load)
+    with pytest.raises(SystemExit, match="--device 'foo'"):
+        demo.main(build_parser().parse_args(["demo", "--device", "foo"]), io.StringIO())
+    assert "loading" not in capsys.readouterr().err
+
+
+def test_the_demo_says_it_ignores_a_hub_pair_in_the_environment(monkeypatch, capsys):
+    """SPECDEC_EDU_PAIR picks the notebooks' pair; the demo always runs the embedded one, and says so (it ignored the
+    variable without a word). The control: unset, or 'embedded', no note."""
+    loaded = []
+
+    def stop(settings, device):
+        loaded.append(device)
+        raise demo_stop
+
+    class demo_stop(Exception):
+        pass
+
+    monkeypatch.setattr(demo, "load_models", stop)
+    for value, noted in [("smollm2", True), ("embedded", False), ("", False)]:
+        monkeypatch.setenv("SPECDEC_EDU_PAIR", value)
+        with pytest.raises(demo_stop):
+            demo.main(build_parser().parse_args(["demo", "--device", "cpu"]), io.StringIO())
+        err = capsys.readouterr().err
+        assert ("the demo always runs the embedded pair" in err) == noted, value
+    assert loaded == [torch.device("cpu")] * 3

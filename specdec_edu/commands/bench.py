@@ -451,10 +451,7 @@ def check_outputs(json_path: str | None, plot_path: str | None) -> None:
         if not os.path.isdir(folder):
             raise SystemExit(f"{flag} {path}: its folder {folder} does not exist; create it first (mkdir -p), or write "
                              "the file elsewhere")
-        if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)) \
-                or not can_write(path):
-            raise SystemExit(f"{flag} {path}: cannot write there (no write permission); write the file elsewhere")
-        if flag == "--plot":
+        if flag == "--plot":  # before the write test, which creates the file for a moment: a refused name is not touched
             formats = plot_formats()
             suffix = Path(path).suffix.lower().removeprefix(".")
             if suffix not in formats:
@@ -462,6 +459,9 @@ def check_outputs(json_path: str | None, plot_path: str | None) -> None:
                 raise SystemExit(f"--plot {path}: {given}; end the name with one it writes, e.g. "
                                  f"{Path(path).with_suffix('.png') if suffix else path + '.png'} (or: "
                                  f"{', '.join(sorted(formats))})")
+        if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)) \
+                or not can_write(path):
+            raise SystemExit(f"{flag} {path}: cannot write there (no write permission); write the file elsewhere")
 
 
 def can_write(path: str) -> bool:
@@ -508,7 +508,8 @@ def save_json(result: dict, path: str) -> None:
 # ---- command line: python -m specdec_edu bench ----------------------------------------------------
 def add_arguments(parser) -> None:
     parser.add_argument("--pair", choices=sorted(PAIRS), default="embedded",
-                        help="'embedded' (default, offline) or a hub pair: smollm2, qwen2.5")
+                        help="'embedded' (default, offline) or a hub pair: smollm2, qwen2.5 (downloads several GB from "
+                        "the Hugging Face hub once; meant for a GPU)")
     parser.add_argument("--drafter", choices=DRAFTERS, default="model",
                         help="model: the pair's draft model; eagle / medusa: trained feature drafters (assets/); "
                         "prompt-lookup+eagle: lookup where the context repeats itself, EAGLE elsewhere; suffix: suffix "

@@ -495,13 +495,22 @@ def load_models(settings: DemoSettings, device=None):
 
 def main(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """``python -m specdec_edu demo``: load the embedded pair and run :func:`run_demo`."""
+    from ..models.devices import requested_device
     from ..models.weights import EmbeddedModelError
 
     out = out or sys.stdout
     settings = settings_from_args(args, out)
+    try:
+        device = requested_device(args.device)  # a bad --device is refused before anything loads
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    pair = os.environ.get("SPECDEC_EDU_PAIR", "").strip()
+    if pair and pair != "embedded":
+        print(f"note: SPECDEC_EDU_PAIR={pair} picks the notebooks' and gpu-report's pair; the demo always runs the "
+              "embedded pair (bench --pair runs a hub pair)", file=sys.stderr)
     print("loading the embedded pair ...", file=sys.stderr, flush=True)
     try:
-        target, draft, tokenizer = load_models(settings, args.device)
+        target, draft, tokenizer = load_models(settings, device)
     except EmbeddedModelError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -285,7 +285,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--pair", choices=sorted(PAIRS), default=None,
                         help="model pair (default: default_pair(): $SPECDEC_EDU_PAIR if set, else smollm2 on a Colab GPU, "
-                        "else embedded)")
+                        "else embedded); a hub pair downloads several GB from the Hugging Face hub once")
     parser.add_argument("--quick", action="store_true", help="short answers, one prompt, one repeat (a smoke test)")
     parser.add_argument("--predict", action="store_true", help="print the README's predicted table and exit")
 
