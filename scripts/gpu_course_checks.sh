@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Issue 24's GPU checks, in order of value; each stage is one command with room for a rerun in a 10-minute slot.
 #
-#   bash scripts/gpu_course_checks.sh all         # one lease's first call: smoke steps 1-2 (a minute), the notebooks
-#                                                 # to a deadline that keeps FP16_NEEDS back, then smoke step 3
-#   bash scripts/gpu_course_checks.sh smoke       # ≈ 5 min: dtype rule, forced compile failure, forced fp16, cold start
+#   bash scripts/gpu_course_checks.sh all         # one lease's first call: smoke steps 1-2b (a minute or two), the
+#                                                 # notebooks to a deadline that keeps FP16_NEEDS back, then smoke step 3
+#   bash scripts/gpu_course_checks.sh smoke       # ≈ 5 min: dtype rule, forced compile failure, the suite's CUDA-only
+#                                                 # tests, forced fp16, cold start
 #   bash scripts/gpu_course_checks.sh cold        # the cold start alone (smoke's last step; the others passed on
 #                                                 # the H200 on 2026-12-04): a second call while the machine is warm
 #   bash scripts/gpu_course_checks.sh notebooks   # the 12 notebooks on CUDA, quick, in a scratch folder, 4 at a time
@@ -138,6 +139,16 @@ sys.exit(0 if same and not out.stats.compiled and caught else 1)
 EOF
 }
 
+cuda_tests() {  # smoke 2b: the suite's CUDA-only tests, which every CI machine skips: the χ² of notebook 11 filled
+  # from GPU tensors, and both models' widths recorded as real CUDA graphs giving HF's greedy tokens in fp32
+  local t
+  t=$(limit 120)
+  timeout -k 10 "$t" "$PY" -m pytest -o addopts="" -q -p no:cacheprovider -rs \
+    "tests/test_proof.py::test_token_chi2_and_its_power_take_distributions_from_a_gpu" \
+    "tests/test_compiled.py::test_captured_cuda_graphs_give_the_targets_greedy_tokens_on_cuda" 2>&1 \
+    | tee "$OUT/cuda_tests.txt" || failed $? "smoke 2b (the CUDA-only tests)" "$t" "120 s"
+}
+
 fp16_report() {  # smoke 3: forced fp16, on the embedded pair's shapes (compiled on CUDA): the fp16 check, a report
   # it took ≈ 100 s on the H200 on 2026-12-04, when inductor compiled the pair; the default path now records CUDA
   # graphs without a compiler (a first token in 14 s under two CPUs), so 60 s. With less left it would only be cut.
@@ -218,11 +229,11 @@ notebooks() {  # the notebooks on CUDA, quick, in a scratch folder, then one arc
 
 case "$STAGE" in
 all)
-  dtype_rule; compile_failure; RESERVE="${FP16_NEEDS:-60}" notebooks "${@:2}"; fp16_report ;;
+  dtype_rule; compile_failure; cuda_tests; RESERVE="${FP16_NEEDS:-60}" notebooks "${@:2}"; fp16_report ;;
 smoke)
   # Every step runs even if one before it failed (`|| failed ...`); the exit status says whether all passed.
   # DEVICE=cpu COLD_PATHS=default rehearses the plumbing on a CPU (CUDA graphs exist on CUDA only).
-  dtype_rule; compile_failure; fp16_report; cold_start ;;
+  dtype_rule; compile_failure; cuda_tests; fp16_report; cold_start ;;
 cold)
   cold_start ;;
 notebooks)

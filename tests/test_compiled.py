@@ -13,7 +13,7 @@ import warnings
 import pytest
 import torch
 from conftest import agreeing_copy, perturbed_copy, tiny_llama
-from test_edge_cases import count_loop_reads  # noqa: F401  (a fixture)
+from test_edge_cases import count_python_reads  # noqa: F401  (a fixture)
 from test_sequence_exactness import CONTROL_SETTINGS, THRESHOLD, exact_distribution, pvalue, sample_many
 from test_sequence_exactness import PROMPT as SMALL_PROMPT
 
@@ -124,12 +124,12 @@ def test_no_eager_forward_after_warm_up(pair, drafter):
     assert target_calls.count > 0 and draft_calls.count > 0
 
 
-def test_one_read_per_round_when_compiled(pair, drafter, count_loop_reads):  # noqa: F811 (the fixture imported above)
+def test_one_read_per_round_when_compiled(pair, drafter, count_python_reads):  # noqa: F811 (the fixture imported above)
     target = pair[0]
     out = speculative_generate(target, drafter, PROMPTS[0], max_new_tokens=24, gamma=4, compile=True,
                                compile_options=COMPILE)
     assert out.stats.rounds > 3
-    assert len(count_loop_reads) == out.stats.rounds, count_loop_reads
+    assert len(count_python_reads) == out.stats.rounds, count_python_reads
 
 
 @pytest.fixture(scope="module")

@@ -111,6 +111,24 @@ def test_reduced_precision_passes_a_near_tie_and_fails_a_large_margin(bf16_case)
         check_same_output(model, PROMPT, reference, runner_up_at(reference, top2, sure))  # spread measured here
 
 
+def test_a_near_tie_is_judged_by_the_candidates_own_margin(bf16_case):
+    """At the position of the smallest top-2 margin, a candidate that emits the target's *least* likely token is a
+    bug, though the top two are tied: what rounding can flip is a token within its reach of the top one, and this
+    one is far below. Every other test plants the runner-up, whose margin is the top-2 margin, so judging by the
+    top-2 margin passed them all. The control: the runner-up at the same position, with the same spread, passes."""
+    model, reference, top2 = bf16_case
+    margins = top2.values[:, 0] - top2.values[:, 1]
+    tie = int(margins.argmin())
+    logits = model(torch.cat([PROMPT[0], reference])[None]).logits[0, PROMPT.shape[1] - 1 : -1].float()
+    worst = reference.clone()
+    worst[tie] = logits[tie].argmin()
+    spread = 2 * float(margins[tie]) + 1e-3  # covers the tie, far from the worst token's margin
+    assert float(top2.values[tie, 0] - logits[tie].min()) > 10 * spread
+    with pytest.raises(OutputMismatch, match=f"new token {tie}.*a bug"):
+        check_same_output(model, PROMPT, reference, worst, spread=spread)
+    assert "near-tie" in check_same_output(model, PROMPT, reference, runner_up_at(reference, top2, tie), spread=spread)["message"]
+
+
 def test_in_16_bit_a_run_that_stops_early_is_not_a_near_tie(bf16_case):
     """A truncated candidate (a prefix of the reference, or the reference cut short) has no token where they part:
     it used to be judged on the runner-up's margin there and pass as "a near-tie" (5 of 6 random bf16 models in a

@@ -314,9 +314,13 @@ def test_one_result_type_for_one_and_many_prompts(target, close_draft):
 
 PACKAGE = str(Path(__file__).resolve().parent.parent / "specdec_edu")
 READS = ("tolist", "item", "__bool__", "__int__", "__float__", "__index__")
+# Operators that hand a value computed on the device to the host without one of READS (a sync each on a GPU):
+# torch.equal returns a Python bool, nonzero and masked_select a tensor whose size depends on the values.
+READ_OPERATORS = ("aten.equal", "aten.nonzero", "aten.masked_select", "aten.is_nonzero")
 # The package's functions whose reads are of host tensors (no sync), or made once per call or per cache, not per
-# round: a read inside them, or inside what they call, is not counted.
-NOT_PER_ROUND = ("validate_prompts", "_recorders", "check_draft_can_read", "_allocate_and_check")
+# round: a read inside them, or inside what they call, is not counted. ``reusable_prefix`` compares the host
+# copies of the context (``propose`` receives it on the host), and prompt lookup searches that host copy.
+NOT_PER_ROUND = ("validate_prompts", "_recorders", "check_draft_can_read", "_allocate_and_check", "reusable_prefix")
 
 
 def read_site(frame):
@@ -332,10 +336,23 @@ def read_site(frame):
     return site
 
 
+class ReadOperators(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records READ_OPERATORS called from inside specdec_edu (``calls``: "operator in function (file:line)")."""
+
+    def __init__(self, calls):
+        super().__init__()
+        self.calls = calls
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if str(func).startswith(READ_OPERATORS) and (site := read_site(sys._getframe(1))) is not None:
+            self.calls.append(f"{func} in {site}")
+        return func(*args, **(kwargs or {}))
+
+
 @pytest.fixture
-def count_loop_reads(monkeypatch):
-    """Count tensor→Python reads made anywhere in specdec_edu during a generation (the loop, the rule, the
-    drafters, the caches), but for NOT_PER_ROUND's: on a GPU each read is a device→host sync."""
+def count_python_reads(monkeypatch):
+    """Count tensor→Python conversions (READS) made anywhere in specdec_edu during a generation (the loop, the rule,
+    the drafters, the caches), but for NOT_PER_ROUND's: on a GPU each read is a device→host sync."""
     calls = []
     for name in READS:
         original = getattr(torch.Tensor, name)
@@ -348,6 +365,24 @@ def count_loop_reads(monkeypatch):
 
         monkeypatch.setattr(torch.Tensor, name, wrapper)
     return calls
+
+
+@pytest.fixture
+def count_loop_reads(count_python_reads):
+    """``count_python_reads`` and the operators that return host values (READ_OPERATORS), for eager generations (a
+    dispatch mode keeps torch.compile from compiling: the compiled path's test counts the conversions only)."""
+    with ReadOperators(count_python_reads):
+        yield count_python_reads
+
+
+def test_the_read_counter_sees_operators_that_return_host_values(count_loop_reads):
+    """The control of the two tests below: torch.equal and nonzero, called from inside the package, are counted
+    (a planted `torch.equal(decision, decision)` in a round went unseen when only READS were watched)."""
+    from specdec_edu import kv
+
+    code = compile("torch.equal(x, x); x.nonzero()", kv.__file__, "exec")  # as if a line of specdec_edu/kv.py ran it
+    exec(code, {"torch": torch, "x": torch.ones(3)})
+    assert [call.split(" in ")[0] for call in count_loop_reads] == ["aten.equal.default", "aten.nonzero.default"]
 
 
 @pytest.mark.parametrize("do_sample", [False, True])

@@ -739,6 +739,22 @@ def test_batch_of_keeps_the_longest_sequence_whole():
     assert n == 5 and features.shape == (2, 5, 4) and tokens.shape == (2, 5) and top_ids.shape == top_logp.shape == (2, 5, 3)
 
 
+def test_batch_of_keeps_each_sequences_features_tokens_and_targets_together():
+    """Training draws its sequences at random (and may draw one twice): row i of every output must be sequence
+    idx[i]. On a corpus of zeros, indexing the tokens in sorted order, or the top-k by position, passed every test."""
+    S, n, d, k = 3, 4, 2, 2
+    seq = torch.arange(S)[:, None, None]  # every value of sequence s carries s
+    data = feature_training.Corpus(
+        (seq + torch.zeros(S, n, d)).half(), (seq[..., 0] + torch.zeros(S, n, dtype=torch.long)),
+        (seq + torch.zeros(S, n, k)).int(), (seq + torch.zeros(S, n, k)).half(),
+        torch.tensor([4, 2, 3]), torch.tensor([1, 1, 1]))
+    idx = torch.tensor([2, 0, 2])
+    features, tokens, top_ids, top_logp, m = feature_training.batch_of(data, idx, "cpu", torch.float32)
+    assert m == 4
+    for i, s in enumerate(idx.tolist()):
+        assert (features[i] == s).all() and (tokens[i] == s).all() and (top_ids[i] == s).all() and (top_logp[i] == s).all()
+
+
 def test_distillation_loss_renormalises_over_the_drafts_ids_and_skips_rows_without_any():
     """With a reduced head (V' = 4 here), the target's top-k is renormalised over the ids < V'; an id equal to V' is
     outside; a row whose top-k has no id < V' carries no signal: it is left out of the mean (not counted as 0) and

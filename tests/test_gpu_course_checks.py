@@ -206,7 +206,7 @@ exit $rc
 
 def test_every_step_runs_under_timeout_k_10_with_its_cap_cut_to_what_is_left_of_the_budget(tmp_path):
     """Each step runs under `timeout -k 10 LIMIT` (one that ignores SIGTERM is killed 10 s later, still inside the
-    call); LIMIT is the step's cap (60, 90, 150 and 400 s; 590 s for 7b, under the tool's 600 s) cut to what is left of
+    call); LIMIT is the step's cap (60, 90, 120, 150 and 400 s; 590 s for 7b, under the tool's 600 s) cut to what is left of
     BUDGET counted from the script's start, and never under 5 s. A fake `timeout` records the limits, so no step waits
     for one; bash takes SECONDS from the environment, so SECONDS=40 rehearses a stage 40 s into its call."""
     log = tmp_path / "tools.log"
@@ -221,11 +221,11 @@ def test_every_step_runs_under_timeout_k_10_with_its_cap_cut_to_what_is_left_of_
         assert len(found) == len(calls), calls  # every step has its -k 10
         return found
 
-    assert limits("smoke", BUDGET="1000") == [60, 90, 150, 400]
+    assert limits("smoke", BUDGET="1000") == [60, 90, 120, 150, 400]
     assert limits("7b", BUDGET="1000") == [590]
     dtype, *rest = limits("smoke", BUDGET="110", SECONDS="40")  # 70 s left (69 or 68 if a second ticks)
-    assert dtype == 60 and len(rest) == 3 and all(67 <= t <= 70 for t in rest), rest
-    assert limits("7b", BUDGET="0") == [5] and limits("smoke", BUDGET="3", SECONDS="40") == [5, 5, 5, 5]
+    assert dtype == 60 and len(rest) == 4 and all(67 <= t <= 70 for t in rest), rest
+    assert limits("7b", BUDGET="0") == [5] and limits("smoke", BUDGET="3", SECONDS="40") == [5, 5, 5, 5, 5]
 
 
 def test_the_notebooks_get_their_deadline_settings_and_names_and_a_backstop_20_s_after_it(tmp_path):

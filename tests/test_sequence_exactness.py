@@ -110,14 +110,17 @@ def test_negative_controls_are_rejected(small_vocab_pair, control):
 
 @pytest.mark.parametrize(
     "settings, control",
-    [(SETTINGS[1], "accept_always"), (SETTINGS[2], "accept_always"), (SETTINGS[1], "resample_from_target")],
-    ids=["T0.8-top3-accept_always", "T1-topp0.9-accept_always", "T0.8-top3-resample_from_target"],
+    [(SETTINGS[1], "accept_always"), (SETTINGS[2], "accept_always"), (SETTINGS[1], "resample_from_target"),
+     (SETTINGS[2], "resample_from_target")],
+    ids=["T0.8-top3-accept_always", "T1-topp0.9-accept_always", "T0.8-top3-resample_from_target",
+         "T1-topp0.9-resample_from_target"],
 )
 def test_negative_controls_are_rejected_at_the_truncated_settings(small_vocab_pair, settings, control):
     """test_speculative_continuations_follow_target at its truncated settings (same sample size, seed and
     level) with a broken rule: each must fail. accept_always emits drafts outside the target's top-k / top-p
-    (outcomes of probability 0); resample_from_target emits only possible outcomes, so the χ² itself must see
-    it (at top-k 3, where p_1 and p_2 are most alike; ~5 s, so not at top-p too: it is rejected there as well)."""
+    (outcomes of probability 0), which the test rejects before any χ²; resample_from_target emits only possible
+    outcomes, so the χ² itself must see it, at both settings (at top-p it was not tried, and only accept_always,
+    rejected without a χ², stood for the test's power there)."""
     target, draft = small_vocab_pair
     samples = sample_many(
         lambda g: speculative_generate(target, draft, PROMPT, max_new_tokens=3, gamma=2, do_sample=True, generator=g,
@@ -125,6 +128,25 @@ def test_negative_controls_are_rejected_at_the_truncated_settings(small_vocab_pa
         seed=0,
     )
     assert pvalue(samples, exact_distribution(target, **settings)) < THRESHOLD
+
+
+TRUNCATED_ONLY = dict(temperature=1.0, top_k=2, top_p=1.0)  # T = 1: only the truncation tells q_warped from q_raw
+
+
+@pytest.mark.parametrize("drafter", ["honest", "misreported_q"])
+def test_a_drafter_that_reports_q_before_truncation_is_rejected(small_vocab_pair, drafter):
+    """The misreported-q control ran only at T = 0.6, where the temperature alone gives it away: nothing tested a
+    drafter that forgets the top-k or top-p it sampled with. At T = 1 with top-k 2 the same test (1,500 samples,
+    seed 0, p < 1e-3) must pass the honest drafter (p was 0.93) and reject the misreporting one (5.7e-44)."""
+    target, draft = small_vocab_pair
+    draft = MisreportedQDrafter(draft) if drafter == "misreported_q" else draft
+    samples = sample_many(
+        lambda g: speculative_generate(target, draft, PROMPT, max_new_tokens=3, gamma=2, do_sample=True, generator=g,
+                                       **TRUNCATED_ONLY),
+        seed=0,
+    )
+    p = pvalue(samples, exact_distribution(target, **TRUNCATED_ONLY))
+    assert (p > THRESHOLD) if drafter == "honest" else (p < THRESHOLD), p
 
 
 @pytest.mark.parametrize("sampler", ["warped", "temperature_ignored"])
@@ -177,7 +199,7 @@ def test_eos_inside_accepted_drafts_counts_only_emitted_tokens(target, do_sample
     assert free.token_sources[0][: gamma + 1] == ["accepted"] * gamma + ["bonus"]  # the round the EOS will cut
     first_round = free.row(0)[:gamma].tolist()
     # the EOS: a draft of round 1 that is not its last (cut mid-round) and appears for the first time there
-    k = next(i for i in range(gamma - 1) if first_round[i] not in first_round[:i])
+    k = next(i for i in range(1, gamma - 1) if first_round[i] not in first_round[:i])  # after a kept draft
     out = run(first_round[k])
     assert out.row(0).tolist() == first_round[: k + 1]
     assert out.stats.stopped_by == "eos"
