@@ -80,8 +80,9 @@ def test_sampling_settings_without_do_sample_warn(target, close_draft, setting):
     warns. The control: with do_sample=True, or with the defaults, nothing is said."""
     for generate in (lambda **kw: speculative_generate(target, close_draft, PROMPT, max_new_tokens=4, gamma=2, **kw),
                      lambda **kw: autoregressive_generate(target, PROMPT, max_new_tokens=4, **kw)):
-        with pytest.warns(UserWarning, match="ignored: do_sample=False decodes greedily. Pass do_sample=True"):
+        with pytest.warns(UserWarning, match="ignored: do_sample=False decodes greedily. Pass do_sample=True") as said:
             generate(**setting)
+        assert said[0].filename == __file__  # the caller's line, not the package's or torch's no_grad wrapper
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # any warning fails the control
             generate(**setting, do_sample=True, generator=torch.Generator().manual_seed(0))
