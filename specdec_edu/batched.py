@@ -21,15 +21,13 @@ B·(γ + 1) tokens, and once that is compute-bound it costs about γ + 1 steps
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 import torch.nn.functional as F
 
 from . import kv
 from .drafters import ModelDrafter, check_draft_can_read, draft_loop, no_drafts, reduced_head
 from .models.shapes import head_rows, max_positions, sliding_window
-from .result import GenerationResult, GenerationStats, PhaseClock, RoundRecorder
+from .result import GenerationResult, GenerationStats, PhaseClock, RoundRecorder, warn_caller
 from .round import past_draft_limit, refuse_unreadable_prompt, round_gamma, speculative_round
 from .sampling import GenerationConfig, logits_broken, nonfinite_logits_error, sample
 
@@ -67,8 +65,8 @@ class Batch:
     def __init__(self, target, drafter: ModelDrafter, ids: torch.Tensor, mask: torch.Tensor, config: GenerationConfig,
                  generator):
         if drafter.static is not None:
-            warnings.warn("batched mode runs the draft model eagerly with a dynamic cache: static_cache and compile are "
-                          "single-prompt options of ModelDrafter, ignored here.", stacklevel=4)
+            warn_caller("batched mode runs the draft model eagerly with a dynamic cache: static_cache and compile are "
+                        "single-prompt options of ModelDrafter, ignored here.")
         self.target, self.drafter, self.config, self.generator = target, drafter, config, generator
         self.vocab_size = head_rows(target)
         self.target_cache = kv.new_cache(target)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import numbers
 import os
-import warnings
 import weakref
 from typing import NamedTuple
 
@@ -43,7 +42,7 @@ from .drafters import (
     wants_features,
 )
 from .models.shapes import head_rows, max_positions
-from .result import GenerationResult, GenerationStats, PhaseClock, RoundRecorder, stop_reason
+from .result import GenerationResult, GenerationStats, PhaseClock, RoundRecorder, stop_reason, warn_caller
 from .round import round_gamma, speculative_round
 from .sampling import GenerationConfig, check_generator, logits_broken, nonfinite_logits_error, sample
 
@@ -149,8 +148,7 @@ def compiled_or_eager(make_compiled, make_eager, role: str):
         root, cause = kv.root_cause(exc)  # dynamo wraps the compiler's own error: name that one
         via = f"{type(exc).__name__} from " if root is not exc else ""
         del root  # it holds frames, and they the half-built cache: let it go before the eager path runs
-        warnings.warn(f"compiling the {role} failed ({via}{cause}), so the {role} runs eager{old_torch_hint()}.",
-                      stacklevel=4)
+        warn_caller(f"compiling the {role} failed ({via}{cause}), so the {role} runs eager{old_torch_hint()}.")
     return make_eager()  # outside the handler: the exception, and the half-built cache its frames hold, are gone
 
 
@@ -289,7 +287,7 @@ def resolve_compile(compile: bool | None, device, eager_reason: str | None) -> b
     if compile is None:
         return compiles_by_default(device) and not eager_reason
     if compile and eager_reason:
-        warnings.warn(f"compile=True: {eager_reason}, so this call runs eager.", stacklevel=3)
+        warn_caller(f"compile=True: {eager_reason}, so this call runs eager.")
     return bool(compile) and not eager_reason
 
 

@@ -7,10 +7,27 @@ for one prompt works for many.
 
 from __future__ import annotations
 
+import os
+import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import torch
+
+
+def warn_caller(message: str) -> None:
+    """``warnings.warn(message)``, pointed at the caller's line: the first frame outside this package, torch (its
+    ``no_grad`` wraps the generators, so a fixed ``stacklevel`` named torch's ``_contextlib.py``) and a dataclass's
+    generated ``__init__``; the outermost frame if every one is inside (``python -m specdec_edu``)."""
+    package = os.path.dirname(os.path.abspath(__file__))
+    level, frame = 1, sys._getframe(0)  # stacklevel 1 is this function's frame
+    while frame.f_back is not None and (frame.f_code.co_filename.startswith(package)
+                                        or frame.f_code.co_filename == "<string>"
+                                        or f"{os.sep}torch{os.sep}" in frame.f_code.co_filename):
+        level, frame = level + 1, frame.f_back
+    warnings.warn(message, stacklevel=level)
+
 
 # Why a generation stopped (GenerationStats.stopped_by).
 EOS, MAX_NEW_TOKENS, MAX_POSITIONS = "eos", "max_new_tokens", "max_positions"

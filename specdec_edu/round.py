@@ -19,13 +19,12 @@ in a *loop* object with four methods, ``draft``, ``verify``, ``read_and_check`` 
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from typing import Protocol
 
 import torch
 
-from .result import PhaseClock, RoundRecorder
+from .result import PhaseClock, RoundRecorder, warn_caller
 from .sampling import GenerationConfig
 from .verify import greedy_verify, verify_drafts
 
@@ -137,9 +136,9 @@ def past_draft_limit(length: int, draft_limit: int) -> None:
     """During a generation, once per generation: the context (``length`` tokens) has outgrown the draft model, so
     the rounds from here are target-only steps. The tokens stay the target's; only the drafting stops (it used to
     raise, losing what was generated)."""
-    warnings.warn(f"the draft model reads at most {draft_limit} positions (config.max_position_embeddings / "
-                  f"n_positions) and the context now has {length} tokens: from here the target decodes alone, one "
-                  "token per round. A draft model with a longer context would keep drafting.", stacklevel=3)
+    warn_caller(f"the draft model reads at most {draft_limit} positions (config.max_position_embeddings / "
+                f"n_positions) and the context now has {length} tokens: from here the target decodes alone, one "
+                "token per round. A draft model with a longer context would keep drafting.")
 
 
 def accept(rule: AcceptRule, p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor,

@@ -15,12 +15,11 @@ from __future__ import annotations
 import math
 import numbers
 import operator
-import os
-import sys
-import warnings
 from dataclasses import dataclass
 
 import torch
+
+from .result import warn_caller
 
 
 def check_sampling_args(temperature: float, top_k: int, top_p: float) -> None:
@@ -92,16 +91,6 @@ def logits_to_probs(
         drop = drop_sorted.scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits.softmax(-1)
-
-
-def _callers_stacklevel() -> int:
-    """The ``stacklevel`` that points a warning at the caller's line: the first frame outside this package, torch
-    (``torch.no_grad`` wraps the generators) and a dataclass's generated ``__init__``."""
-    package, level, frame = os.path.dirname(os.path.abspath(__file__)), 2, sys._getframe(2)
-    while frame is not None and (frame.f_code.co_filename.startswith(package) or frame.f_code.co_filename == "<string>"
-                                 or f"{os.sep}torch{os.sep}" in frame.f_code.co_filename):
-        level, frame = level + 1, frame.f_back
-    return level
 
 
 def logits_broken(logits: torch.Tensor) -> torch.Tensor:
@@ -181,9 +170,8 @@ class GenerationConfig:
         _ = self.eos  # refuse a malformed eos_token_id now, not at the first token
         if not self.do_sample and (self.temperature not in (0, 1) or self.top_k or self.top_p != 1):
             # As Hugging Face's generate warns: these settings only shape sampling, and greedy decoding ignores them.
-            warnings.warn(f"temperature={self.temperature}, top_k={self.top_k}, top_p={self.top_p} are ignored: "
-                          "do_sample=False decodes greedily. Pass do_sample=True to sample with them.",
-                          stacklevel=_callers_stacklevel())
+            warn_caller(f"temperature={self.temperature}, top_k={self.top_k}, top_p={self.top_p} are ignored: "
+                        "do_sample=False decodes greedily. Pass do_sample=True to sample with them.")
 
     @property
     def eos(self) -> frozenset[int]:

@@ -183,3 +183,16 @@ def test_alpha_estimates_the_acceptance_probability(target, close_draft):
     assert len(betas) > 500 and 0.3 < betas.mean() < 0.9
     assert abs(_z(pooled.alpha, betas)) < Z_MAX
     assert abs(_z(pooled.accepted_per_drafted, betas)) > Z_MAX  # the control
+
+
+def test_the_packages_warnings_point_at_the_callers_line(target, close_draft):
+    """A fixed stacklevel inside a generator wrapped by torch.no_grad named torch's _contextlib.py (the batch's
+    'compile=True ... runs eager' did); warn_caller names the line that called the package."""
+    with pytest.warns(UserWarning, match="compile=True: only single prompts are compiled") as said:
+        speculative_generate(target, close_draft, PROMPT.repeat(2, 1), max_new_tokens=3, compile=True)
+    assert said[0].filename == __file__
+    from specdec_edu.result import warn_caller
+
+    with pytest.warns(UserWarning, match="straight from here") as said:
+        warn_caller("straight from here")
+    assert said[0].filename == __file__

@@ -22,7 +22,7 @@ import torch
 
 from ..drafters import ModelDrafter, common_prefix_length, pass_hooks_through, reset_drafter, tell_drafted_elsewhere
 from ..generate import speculative_generate
-from ..result import sync
+from ..result import sync, warn_caller
 from ..sampling import logits_to_probs, sample
 
 __all__ = [
@@ -201,11 +201,10 @@ class ReplayDrafter:
         """Note (and say, once per generation) where ``context`` [n] (host) first differs from the reference."""
         if self.left_at is None:
             self.left_at = int((context != self._reference_host[: len(context)]).nonzero()[0])
-            warnings.warn(f"ReplayDrafter: the context left the reference at token {self.left_at} (in 16 bit, a "
-                          "near-tie that the verify pass flipped; or a prompt that is not the reference's): the target "
-                          "decodes the rest of this generation alone, so its τ and speedup understate the dial's α. "
-                          "Settle the reference first (settled_reference), shorten the answer or run in float32.",
-                          stacklevel=3)
+            warn_caller(f"ReplayDrafter: the context left the reference at token {self.left_at} (in 16 bit, a "
+                        "near-tie that the verify pass flipped; or a prompt that is not the reference's): the target "
+                        "decodes the rest of this generation alone, so its τ and speedup understate the dial's α. "
+                        "Settle the reference first (settled_reference), shorten the answer or run in float32.")
 
 
 def settled_reference(target, reference: torch.Tensor, prompt_length: int, gamma: int, *, noise: float = 0.0,
@@ -242,8 +241,8 @@ def settled_reference(target, reference: torch.Tensor, prompt_length: int, gamma
         if dial.left_at is None:
             return reference, replays
         reference = out.sequences[0]
-    warnings.warn(f"settled_reference: all {max_replays} runs left their reference; the dial replays the last output "
-                  "and may still leave it (its warning says where).", stacklevel=2)
+    warn_caller(f"settled_reference: all {max_replays} runs left their reference; the dial replays the last output "
+                "and may still leave it (its warning says where).")
     return reference, max_replays
 
 

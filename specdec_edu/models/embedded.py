@@ -24,11 +24,11 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import warnings
 from pathlib import Path
 
 import torch
 
+from ..result import warn_caller
 from . import assets, weights
 from .devices import default_device, default_dtype, on_colab
 from .weights import EmbeddedModelError
@@ -181,8 +181,7 @@ def random_embedded_target(seed: int = 0):
     """SmolLM2-135M-Instruct's architecture (30 layers × 576, vocabulary 49,152, tied head) with random weights."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    warnings.warn("SPECDEC_EDU_RANDOM_TARGET=1: the embedded target has random weights (its shape, not its text).",
-                  stacklevel=3)
+    warn_caller("SPECDEC_EDU_RANDOM_TARGET=1: the embedded target has random weights (its shape, not its text).")
     config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                          num_attention_heads=9, num_key_value_heads=3, head_dim=64, max_position_embeddings=8192,
                          rms_norm_eps=1e-5, rope_theta=100000.0,  # the key 4.x and 5 both read
@@ -266,8 +265,8 @@ def load_pair(name: str = "smollm2", device=None, dtype=None):
         dtype = default_dtype(device, reduced=name != "embedded")
     target, draft, tokenizer = _load_named_pair(name, device, dtype)
     if dtype == torch.float16 and not (finite_logits(target) and finite_logits(draft)):
-        warnings.warn(f"the {name!r} pair's fp16 logits are not finite (fp16 overflowed on this device), so it is "
-                      "loaded again in float32.", stacklevel=2)
+        warn_caller(f"the {name!r} pair's fp16 logits are not finite (fp16 overflowed on this device), so it is "
+                    "loaded again in float32.")
         del target, draft  # free the fp16 pair first: both copies at once would need 1.5× the fp32 pair's memory
         if device.type == "cuda":
             torch.cuda.empty_cache()  # hand the freed blocks back, so the fp32 load can have them

@@ -41,7 +41,6 @@ import copy
 import hashlib
 import json
 import os
-import warnings
 from pathlib import Path
 
 import torch
@@ -50,6 +49,7 @@ from torch import nn
 
 from .. import kv
 from ..drafters import LookupThenDrafter, ModelDrafter, PromptLookupDrafter, draft_loop, no_drafts, to_device
+from ..result import warn_caller
 from ..sampling import sample
 from .assets import asset_dir
 from .embedded import random_target
@@ -243,9 +243,8 @@ class FeatureDrafter:
                 raise wrong_target_error(f"the {kind} drafter in {path}", mismatch, config["target"])
             # A GPU check without the real target's weights (they cannot travel there) still runs this drafter's
             # code: the same shapes, noise for drafts, and an output that stays exactly the target's.
-            warnings.warn(f"the {kind} drafter in {path} was trained on another target, and loads anyway: "
-                          "SPECDEC_EDU_RANDOM_TARGET=1 gave this target random weights, so its drafts are noise.",
-                          stacklevel=2)
+            warn_caller(f"the {kind} drafter in {path} was trained on another target, and loads anyway: "
+                        "SPECDEC_EDU_RANDOM_TARGET=1 gave this target random weights, so its drafts are noise.")
         weights = (path / "model.safetensors").read_bytes()  # read once: hashed, then parsed
         saved_with = config.get("weights_sha256")  # drafters saved before it was written have none
         if saved_with is not None and hashlib.sha256(weights).hexdigest() != saved_with:
