@@ -13,7 +13,7 @@ import warnings
 import pytest
 import torch
 from conftest import agreeing_copy, perturbed_copy, tiny_llama
-from test_edge_cases import count_python_reads  # noqa: F401  (a fixture)
+from test_edge_cases import HostReads, count_python_reads  # noqa: F401  (count_python_reads: a fixture)
 from test_sequence_exactness import CONTROL_SETTINGS, THRESHOLD, exact_distribution, pvalue, sample_many
 from test_sequence_exactness import PROMPT as SMALL_PROMPT
 
@@ -491,22 +491,6 @@ def test_captured_cuda_graphs_give_the_targets_greedy_tokens_on_cuda(prompt):
     assert alone.sequences[0, prompt.shape[1]:].tolist() == expected
     steps = kv.existing_static_cache(target, 8)._steps.values()
     assert steps and all(isinstance(step, kv.CapturedStep) and step.graph is not None for step in steps)
-
-
-class HostReads(torch.utils._python_dispatch.TorchDispatchMode):
-    """Counts the operators that read a device value on the host (``.item()``, ``bool(t)``, ``nonzero``…): on CUDA each
-    is a sync, which is an error while a stream records a CUDA graph."""
-
-    READS = ("aten._local_scalar_dense", "aten.nonzero", "aten.masked_select", "aten.equal", "aten.is_nonzero")
-
-    def __init__(self):
-        super().__init__()
-        self.seen = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if str(func).startswith(self.READS):
-            self.seen.append(str(func))
-        return func(*args, **(kwargs or {}))
 
 
 @pytest.mark.parametrize("width", kv.WIDTHS)

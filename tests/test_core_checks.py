@@ -25,10 +25,10 @@ def test_an_accept_rule_returning_a_token_outside_the_vocabulary_is_named(target
                              accept_fn=lambda p, q, x, g: (0, bad))
 
 
-def _mask_token(model, token):
-    """A forward hook that sets every logit of ``token`` to −inf (a masked token, as a logits mask would)."""
+def _set_logit(model, token, value):
+    """A forward hook that sets every logit of ``token`` to ``value`` (−inf: a masked token, as a logits mask would)."""
     def hook(module, args, output):
-        output.logits[..., token] = float("-inf")
+        output.logits[..., token] = value
         return output
     return model.register_forward_hook(hook)
 
@@ -38,7 +38,7 @@ def test_a_masked_token_is_not_an_overflow(target, close_draft):
     float32 as the fix. The control: NaN, +inf, and a row with nothing finite still raise."""
     greedy = autoregressive_generate(target, PROMPT, max_new_tokens=12).sequences[0, -12:].tolist()
     masked = greedy[0]  # a token the unmasked model chooses: the masked runs must avoid it
-    handle = _mask_token(target, masked)
+    handle = _set_logit(target, masked, float("-inf"))
     try:
         runs = {
             "target alone": autoregressive_generate(target, PROMPT, max_new_tokens=12),
@@ -52,10 +52,7 @@ def test_a_masked_token_is_not_an_overflow(target, close_draft):
     for name, out in runs.items():
         assert masked not in out.sequences[:, PROMPT.shape[1]:].flatten().tolist(), name
     for value in (float("nan"), float("inf")):
-        def broken(module, args, output, value=value):
-            output.logits[..., 5] = value
-            return output
-        handle = target.register_forward_hook(broken)
+        handle = _set_logit(target, 5, value)
         try:
             with pytest.raises(ValueError, match=r"produced NaN or \+inf logits"):
                 speculative_generate(target, close_draft, PROMPT, max_new_tokens=8, gamma=3)

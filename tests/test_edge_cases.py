@@ -314,8 +314,8 @@ def test_one_result_type_for_one_and_many_prompts(target, close_draft):
 
 PACKAGE = str(Path(__file__).resolve().parent.parent / "specdec_edu")
 READS = ("tolist", "item", "__bool__", "__int__", "__float__", "__index__")
-# Operators that hand a value computed on the device to the host without one of READS (a sync each on a GPU):
-# torch.equal returns a Python bool, nonzero and masked_select a tensor whose size depends on the values.
+# HostReads' operators less `.item()`'s, which READS count already: torch.equal returns a Python bool, nonzero and
+# masked_select a tensor whose size depends on the values (a sync each on a GPU).
 READ_OPERATORS = ("aten.equal", "aten.nonzero", "aten.masked_select", "aten.is_nonzero")
 # The package's functions whose reads are of host tensors (no sync), or made once per call or per cache, not per
 # round: a read inside them, or inside what they call, is not counted. ``reusable_prefix`` compares the host
@@ -336,16 +336,24 @@ def read_site(frame):
     return site
 
 
-class ReadOperators(torch.utils._python_dispatch.TorchDispatchMode):
-    """Records READ_OPERATORS called from inside specdec_edu (``calls``: "operator in function (file:line)")."""
+class HostReads(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the operators that read a device value on the host (``.item()``, ``bool(t)``, ``nonzero``…): on CUDA
+    each is a sync, which is an error while a stream records a CUDA graph. ``reads``: which operators; ``site``: where
+    a call was made (``read_site``), then recorded as "operator in site" and left out where it gives ``None``;
+    ``seen``: the list to append to."""
 
-    def __init__(self, calls):
+    READS = ("aten._local_scalar_dense", "aten.nonzero", "aten.masked_select", "aten.equal", "aten.is_nonzero")
+
+    def __init__(self, reads=READS, site=None, seen=None):
         super().__init__()
-        self.calls = calls
+        self.reads, self.site, self.seen = reads, site, [] if seen is None else seen
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if str(func).startswith(READ_OPERATORS) and (site := read_site(sys._getframe(1))) is not None:
-            self.calls.append(f"{func} in {site}")
+        if str(func).startswith(self.reads):
+            if self.site is None:
+                self.seen.append(str(func))
+            elif (where := self.site(sys._getframe(1))) is not None:
+                self.seen.append(f"{func} in {where}")
         return func(*args, **(kwargs or {}))
 
 
@@ -371,7 +379,7 @@ def count_python_reads(monkeypatch):
 def count_loop_reads(count_python_reads):
     """``count_python_reads`` and the operators that return host values (READ_OPERATORS), for eager generations (a
     dispatch mode keeps torch.compile from compiling: the compiled path's test counts the conversions only)."""
-    with ReadOperators(count_python_reads):
+    with HostReads(READ_OPERATORS, site=read_site, seen=count_python_reads):
         yield count_python_reads
 
 

@@ -335,11 +335,10 @@ def ensure_embedded_target() -> Path:
     interrupted build therefore never leaves a half-written model where later loads look.
     One process builds at a time; the others wait for its result (see :func:`_one_build_at_a_time`).
     """
-    target = embedded_target_dir()
-    _sweep_stale_staging(cache_root())
+    target, root = embedded_target_dir(), cache_root()
+    _sweep_stale_staging(root)
     if is_complete_checkpoint(target):
         return target
-    root = cache_root()
     made_root = not root.exists()  # a folder we make, we may remove again; the user's own stays
     try:
         try:
