@@ -136,8 +136,9 @@ def target_only_generate(target, ids, max_new_tokens, eos, **kw):
     return autoregressive_generate(target, ids, max_new_tokens=max_new_tokens, eos_token_id=eos, **kw)
 
 
-def smoke(seed: int = 0, steps: int = 40) -> dict:
-    """The whole pipeline on a tiny random Llama, in seconds: data → features → train → save/load → decode."""
+def smoke(seed: int = 0, steps: int = 40, lr: float = 3e-3) -> dict:
+    """The whole pipeline on a tiny random Llama, in seconds: data → features → train → save/load → decode.
+    ``lr=0`` runs the same steps without learning (the test's control)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     generator = torch.Generator().manual_seed(seed)
@@ -163,7 +164,7 @@ def smoke(seed: int = 0, steps: int = 40) -> dict:
         drafter.net.eval()
         with torch.no_grad():
             first = eval_fn(drafter)[0].item()
-        train(drafter, lambda idx, d=drafter, fn=loss_fn: fn(d, idx), data, minutes=5, lr=3e-3, batch_size=8,
+        train(drafter, lambda idx, d=drafter, fn=loss_fn: fn(d, idx), data, minutes=5, lr=lr, batch_size=8,
               generator=generator, desc=drafter.kind, max_steps=steps)
         with torch.no_grad():
             last = eval_fn(drafter)[0].item()  # train() leaves the net in eval mode

@@ -233,11 +233,12 @@ def batched_autoregressive_generate(target, input_ids, attention_mask, config: G
     cache = kv.new_cache(target)
     out, mask = _masked_forward(target, cache, attention_mask[:, :0], input_ids, attention_mask, logits_to_keep=1)
     logits = out.logits[:, -1]  # [B, V]
-    batch.prefill_seconds = clock.lap()
     while True:
         tokens = (sample(config.to_probs(logits), generator) if config.do_sample else logits.argmax(-1))[:, None]  # [B, 1]
         broken = logits_broken(logits).long().view(1)
         *host_tokens, any_broken = torch.cat([tokens[:, 0], broken]).tolist()  # one read per token
+        if not batch.rounds:  # the prefill's clock stops once its token is read (a GPU may still be running it before)
+            batch.prefill_seconds = clock.lap()
         if any_broken:
             raise nonfinite_logits_error("target")
         for row, token in zip(rows, host_tokens):

@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 
 from . import kv
-from .models.shapes import head_rows, max_positions
+from .models.shapes import head_rows, max_positions, sliding_window
 from .round import gamma_within, past_draft_limit, refuse_unreadable_prompt
 from .sampling import sample
 
@@ -313,6 +313,10 @@ class ModelDrafter:
         if n > len(last) and torch.equal(context[: len(last)], last):
             accepted = n - len(last) - 1  # the round emitted accepted drafts, then one target token
             keep = len(last) + min(accepted, self.n_draft_cached)
+        elif self.static is None and sliding_window(self.model) is not None:
+            # Not an extension, and a sliding window in a dynamic cache: transformers >= 5.20 keeps only its last W − 1
+            # rows at each crop, so a crop back past what was fed since the last one cannot be done. Start over.
+            keep = 0
         else:  # not an extension (a new prompt, or the same context again): what the contexts share
             keep = common_prefix_length(last, context)
         return min(keep, n - 1)
@@ -346,7 +350,10 @@ class ModelDrafter:
         # 1. Roll the cache back to what still matches the context (rejected drafts go).
         keep = self.reusable_prefix(context)
         check_draft_can_read(self.model, context[keep:])
-        kv.crop(self.cache, self.n_cached - keep)
+        if keep == 0 and self.static is None:
+            self.cache = kv.new_cache(self.model)  # nothing kept: a fresh cache (no layer is asked to crop that far back)
+        else:
+            kv.crop(self.cache, self.n_cached - keep)
         self.n_cached = keep
         logits = self.next_logits(context[keep:])
 

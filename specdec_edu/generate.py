@@ -72,6 +72,7 @@ def validate_prompts(target, input_ids, attention_mask, generator):
     elif not bool(attention_mask[:, -1].all()):
         raise ValueError("the prompts must be LEFT-padded (the last column real for every row): "
                          "use tokenizer(..., padding_side='left').")
+    attention_mask = (attention_mask != 0).long()  # a bool or float mask too: positions are counted from it
     max_pos = max_positions(target)
     longest_prompt = int(attention_mask.sum(-1).max())
     if max_pos is not None and longest_prompt >= max_pos:
@@ -182,6 +183,10 @@ def propose_checked(drafter, context, gamma, to_probs, generator, device, vocab_
     q_x = q.gather(1, drafts.clamp(0, vocab_size - 1)[:, None])[:, 0]
     not_a_distribution = ~torch.isfinite(q).all() | (q < 0).any() | ((q.sum(-1) - 1).abs() > 1e-3).any()
     unsupported = ~in_range.all() | (q_x <= 0).any()
+    # Tokens drawn from q come from q / Σq (sampling normalises): the rule must divide by that too, or a q that sums
+    # to 1 ± 1e-3, which the check lets through, would move the output off p by as much (2.6e-4 in total variation).
+    total = q.sum(-1, keepdim=True)
+    q = q / torch.where(total > 0, total, torch.ones_like(total))  # a row of zeros stays one (and is flagged above)
     # An id outside the vocabulary would crash the verify forward before the flag is read (on a GPU,
     # fatally): feed a clamped id instead; the round then raises on the flag.
     return drafts.clamp(0, vocab_size - 1), q, torch.stack([not_a_distribution, unsupported])

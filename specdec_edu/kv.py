@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 import os
 import sys
 import time
@@ -277,6 +278,7 @@ class StaticKV:
                              "use compile=False.")
         self.max_len, self.length, self.device, self.holder = max_len, 0, model.device, None
         self.dtype = next(model.parameters()).dtype  # K/V are allocated in it: a model moved since needs a new cache
+        self.weights = weight_addresses(model)  # a recorded CUDA graph reads them there: moved weights need new graphs
         # Looked up once, here: inside a compiled step, plain attributes are free to read.
         self.keyword = _cache_keyword(type(model).forward)
         self.takes_cache_position = _takes_cache_position(type(model).forward)  # 4.x writes static K/V there
@@ -624,10 +626,18 @@ def shared_static_cache(model: torch.nn.Module, min_len: int, compile_options: d
     return static
 
 
+def weight_addresses(model: torch.nn.Module) -> tuple[int, ...]:
+    """Where each parameter and buffer of ``model`` lives in memory now."""
+    return tuple(t.data_ptr() for t in itertools.chain(model.parameters(), model.buffers()))
+
+
 def made_for(static: StaticKV, model: torch.nn.Module) -> bool:
-    """Was ``static`` made for ``model`` as it is now: its device and dtype? (``model.to(torch.float64)`` or to another
-    GPU after a compiled call: the old cache would feed float32 K/V, or K/V on the old device, to the moved model.)"""
-    return static.device == model.device and static.dtype == next(model.parameters()).dtype
+    """Was ``static`` made for ``model`` as it is now: its device, dtype and weights' addresses? (``model.to(torch.float64)``
+    or to another GPU after a compiled call: the old cache would feed float32 K/V, or K/V on the old device, to the
+    moved model. ``model.cpu().cuda()`` or ``model.half().float()`` keeps both but moves every weight: a CUDA graph
+    recorded without a compiler replays with the old addresses built in, and would read freed memory, silently.)"""
+    return (static.device == model.device and static.dtype == next(model.parameters()).dtype
+            and static.weights == weight_addresses(model))
 
 
 def root_cause(exc: BaseException) -> tuple[BaseException, str]:

@@ -215,14 +215,19 @@ class GenerationStats:
 
     @property
     def tokens_per_second(self) -> float:
+        """New tokens over the run's wall time (prefill included); for a batch, all rows' tokens."""
         return self.new_tokens / self.seconds if self.seconds else float("nan")
 
     @property
     def draft_seconds_per_token(self) -> float:
+        """``draft_seconds / drafted``: what one drafted token cost (exact on a GPU only in a ``profile=True`` run)."""
         return self.draft_seconds / self.drafted if self.drafted else float("nan")
 
     @property
     def target_seconds_per_forward(self) -> float:
+        """``verify_seconds / rounds``: one target forward after the prefill, with the rule and the round's read. In a
+        target-only run, one decoding step (the unit of c); in a speculative run, a verify pass of γ + 1 tokens; in a
+        batch, one batched forward."""
         return self.verify_seconds / self.rounds if self.rounds else float("nan")
 
 

@@ -120,6 +120,7 @@ def alpha_for_speedup(speedup: float, gamma: int, c: float, verify_cost: float =
     The speedup is τ / (γc + verify_cost), so the round must yield τ = speedup · (γc + verify_cost)
     tokens; :func:`alpha_from_tau` inverts τ. Even α = 1 yields at most γ + 1 tokens per round:
     beyond that no drafter at this γ, c and verify cost can reach ``speedup`` (a clear error says so).
+    At or below α = 0's own speedup, 1 / (γc + verify_cost), it returns 0: every drafter reaches it.
     """
     _check(0.5, gamma, c, verify_cost)
     if not speedup > 0:

@@ -3,6 +3,7 @@ target's distribution (sampling)."""
 
 import copy
 import itertools
+import sys
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ from test_greedy import PROMPTS, reference
 from test_kv_safety import gpt2
 from test_sequence_exactness import PROMPT, SETTINGS, THRESHOLD, exact_distribution, pvalue
 
-from specdec_edu import autoregressive_generate, speculative_generate
+from specdec_edu import autoregressive_generate, batched, speculative_generate
 from specdec_edu.course.controls import bonus_from_previous_position
 
 
@@ -55,6 +56,30 @@ def test_a_batched_target_only_row_counts_rounds_as_one_prompt_does(target):
         assert (row.new_tokens, row.rounds, row.tokens_per_round) == (alone.new_tokens, alone.rounds, alone.tokens_per_round)
 
 
+def test_a_batched_target_only_prefill_is_timed_to_its_first_read(target, monkeypatch):
+    """The batched baseline stopped the prefill's clock right after launching it, before any read: on a GPU that is
+    the launch alone, and the prefill's work landed in round 1. The single-prompt loop stops it once the first token
+    is read; so does the batch now (the order of the clock's laps and the host reads, recorded)."""
+    from specdec_edu import result
+
+    events, real_lap, real_tolist = [], result.PhaseClock.lap, torch.Tensor.tolist
+    monkeypatch.setattr(result.PhaseClock, "lap", lambda self: events.append("lap") or real_lap(self))
+    def tolist(self):  # the loop's reads (batched.py's), not validate_prompts' check of the ids before it
+        if sys._getframe(1).f_code.co_filename.endswith("batched.py"):
+            events.append("read")
+        return real_tolist(self)
+
+    monkeypatch.setattr(torch.Tensor, "tolist", tolist)
+    real_forward = batched._masked_forward
+    monkeypatch.setattr(batched, "_masked_forward", lambda *a, **k: events.append("forward") or real_forward(*a, **k))
+    ids, mask = left_pad(PROMPTS[:2])
+    out = autoregressive_generate(target, ids, attention_mask=mask, max_new_tokens=3)
+    prefill = events.index("forward")
+    first_read = events.index("read", prefill)
+    assert prefill < first_read < events.index("lap"), events
+    assert out.stats.prefill_seconds > 0
+
+
 def test_batched_per_row_eos_and_limits(target, close_draft):
     prompts = PROMPTS[8:14]
     eos = int(reference(target, prompts[0], 20)[len(prompts[0]) + 3])  # row 0 stops within 4 tokens
@@ -80,6 +105,19 @@ def test_batched_greedy_with_learned_positions_equals_each_row_alone(gamma):
     out = speculative_generate(target, draft, ids, attention_mask=mask, max_new_tokens=12, gamma=gamma)
     assert out.stats.accepted > 0  # the drafts took part
     assert [out.row(i).tolist() for i in range(4)] == alone(target, prompts, max_new_tokens=12)
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.float32])
+def test_a_bool_or_float_attention_mask_works_as_an_integer_one(dtype):
+    """Position ids are counted from the mask: a float mask made float positions, and GPT-2's position embedding
+    raised a raw "Expected tensor for argument #1 'indices' … Long" (a review found it). Every mask is 0/1 now."""
+    target, draft = gpt2(seed=0, n_positions=64), gpt2(seed=1, n_positions=64)
+    prompts = [[5, 9, 3], [4, 8, 2, 6, 1]]
+    ids, mask = left_pad([torch.tensor(p) for p in prompts])
+    out = speculative_generate(target, draft, ids, attention_mask=mask.to(dtype), max_new_tokens=6, gamma=3)
+    base = autoregressive_generate(target, ids, attention_mask=mask.to(dtype), max_new_tokens=6)
+    rows = alone(target, prompts, max_new_tokens=6)
+    assert [out.row(i).tolist() for i in range(2)] == [base.row(i).tolist() for i in range(2)] == rows
 
 
 def alone(target, prompts, **kwargs):

@@ -197,6 +197,8 @@ def test_batch_sweep_warms_up_each_size_and_interleaves_its_repeats(tiny_close_p
     def recording(name, fn):
         def run(*args, **kwargs):
             calls.append((name, args[-1].shape[0] if name == "ar" else args[2].shape[0]))
+            # batches run eager, so batch 1 must too (compiled by default on CUDA, it compared another path)
+            assert kwargs["compile"] is False, name
             return fn(*args, **kwargs)
         return run
 
@@ -509,6 +511,31 @@ def test_the_table_and_help_name_the_compiled_path_of_the_device(monkeypatch):
     help_text = " ".join(parser.format_help().split())
     assert "on CUDA, CUDA graphs recorded from the eager forward, no compiler" in help_text
     assert "auto: as $SPECDEC_EDU_COMPILE says when set (1: compiled, 0: eager), else compiled on CUDA only" in help_text
+
+
+@pytest.mark.parametrize("drafter, compiled", [("model", True), ("prompt-lookup", True), ("suffix", True),
+                                               ("eagle", False), ("medusa", False), ("prompt-lookup+eagle", False)])
+def test_a_feature_drafter_runs_every_method_of_ours_eager_where_the_default_compiles(monkeypatch, drafter, compiled):
+    """A drafter that reads the target's features always runs eager; on CUDA (which compiles by default) target-only
+    ran compiled beside it, so the speedup, c and the verify cost compared eager with CUDA graphs. Now every method
+    of ours follows the drafter (faked default: every step that would need a device is stubbed); compile=True with
+    such a drafter says, in one warning, that it runs eager."""
+    import specdec_edu.generate as generate
+
+    monkeypatch.setattr(generate, "compiles_by_default", lambda device: True)
+    seen = []
+    monkeypatch.setattr(bench, "methods_for", lambda *a, **k: seen.append(a[5]) or {"target_only": lambda ids, n: ([1], None)})
+    monkeypatch.setattr(bench, "timed", lambda fn, device: (fn(), 1.0))
+    monkeypatch.setattr(bench, "profile_round", lambda *a, **k: ({}, None))
+    monkeypatch.setattr(bench, "bench_drafter", lambda *a, **k: None)
+    monkeypatch.setattr(bench, "summarise", lambda *a, **k: {"compiled": a[6], "tok_s": {"speculative": 1, "prompt_lookup": 1}})
+    fake = types.SimpleNamespace(device=torch.device("cpu"))
+    result = run_bench(fake, None, [torch.tensor([[1, 2]])], drafter=drafter, repeats=1, progress=False)
+    assert seen == [compiled] and result["compiled"] is compiled
+    if not compiled:
+        with pytest.warns(UserWarning, match="features .* not compiled, so this call runs eager"):
+            assert run_bench(fake, None, [torch.tensor([[1, 2]])], drafter=drafter, repeats=1, progress=False,
+                             compile=True)["compiled"] is False
 
 
 @pytest.mark.parametrize("command", [["bench", "--limit", "1"], ["gpu-report", "--quick"]])

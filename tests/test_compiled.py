@@ -433,6 +433,25 @@ def test_captured_steps_replay_into_the_same_tensors_and_give_the_eager_tokens(p
     assert again.sequences.tolist() == out.sequences.tolist() and "record" not in log[recorded:]
 
 
+def test_recorded_graphs_are_recorded_again_after_the_weights_move_in_memory(monkeypatch):
+    """A graph recorded without a compiler replays with the weights' addresses built in. ``model.half().float()`` (or
+    ``.cpu().cuda()``) keeps the device and dtype but gives every weight new memory: the shared cache, checked for
+    device and dtype only, was handed back, and on a GPU its graphs would read freed memory, silently. Now the
+    weights' addresses are checked too: the moved model gets its graphs recorded again (``fake_recording``)."""
+    target, prompt = tiny_llama(seed=0), torch.tensor([[3, 4, 5]])
+    log = []
+    monkeypatch.setattr(kv, "record_cuda_graph", fake_recording(log))
+    capture = {"backend": kv.CAPTURE}
+    first = autoregressive_generate(target, prompt, max_new_tokens=6, compile=True, compile_options=capture)
+    recorded = log.count("record")
+    autoregressive_generate(target, prompt, max_new_tokens=6, compile=True, compile_options=capture)
+    assert log.count("record") == recorded  # not moved: the same graphs
+    target.half().float()
+    again = autoregressive_generate(target, prompt, max_new_tokens=6, compile=True, compile_options=capture)
+    assert log.count("record") == 2 * recorded and again.stats.compiled and first.stats.compiled
+    assert kv.made_for(kv.existing_static_cache(target, 8), target)
+
+
 def test_capture_on_a_cpu_falls_back_to_eager_naming_cuda():
     """A CPU has no CUDA graphs: compile_options={"backend": "capture"} there runs both models eager, with one warning
     each that names CUDA, and the tokens are the eager ones."""
@@ -491,6 +510,37 @@ def test_captured_cuda_graphs_give_the_targets_greedy_tokens_on_cuda(prompt):
     assert alone.sequences[0, prompt.shape[1]:].tolist() == expected
     steps = kv.existing_static_cache(target, 8)._steps.values()
     assert steps and all(isinstance(step, kv.CapturedStep) and step.graph is not None for step in steps)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="counting syncs needs a CUDA device")
+@pytest.mark.parametrize("compile_options", [None, {"backend": kv.CAPTURE}], ids=["eager", "capture"])
+def test_a_round_waits_for_the_device_once_on_cuda(compile_options):
+    """On CUDA, ``torch.cuda.set_sync_debug_mode("warn")`` warns at every operation that waits for the device (a read,
+    a blocking copy). Two generations after a warm-up, 8 and 40 new tokens: the longer one's extra syncs per extra
+    round must be at most one, the round's single read of its decision. (On the CPU the tests count host reads
+    instead: test_edge_cases.) A failure lists where the syncs were made."""
+    import collections
+
+    target = tiny_llama(seed=0).cuda()
+    draft = perturbed_copy(tiny_llama(seed=0), noise=0.3, seed=2).cuda()
+    prompt = PROMPTS[0].cuda()
+    kw = dict(gamma=4, compile=compile_options is not None, compile_options=compile_options)
+    speculative_generate(target, draft, prompt, max_new_tokens=40, **kw)  # warm-up: caches, graphs, allocations
+
+    def syncs(n):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                out = speculative_generate(target, draft, prompt, max_new_tokens=n, **kw)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        sites = collections.Counter(f"{w.filename.rsplit('/', 1)[-1]}:{w.lineno}" for w in caught
+                                    if "synchroniz" in str(w.message))
+        return sum(sites.values()), out.stats.rounds, sites
+
+    (s1, r1, _), (s2, r2, sites) = syncs(8), syncs(40)
+    assert r2 > r1 and (s2 - s1) / (r2 - r1) <= 1.0, (f"{s1} syncs in {r1} rounds, {s2} in {r2}", sites.most_common(8))
 
 
 @pytest.mark.parametrize("width", kv.WIDTHS)

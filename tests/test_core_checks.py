@@ -127,6 +127,27 @@ def test_a_drafter_whose_q_is_too_wide_is_told_what_to_return(target):
         speculative_generate(target, Wide(), PROMPT, max_new_tokens=4, gamma=2)
 
 
+def test_the_rule_divides_by_the_q_the_drafts_were_drawn_from():
+    """A drafter's q rows may sum to 1 ± 1e-3 (the check's slack); the drafts then come from q / Σq, since sampling
+    normalises, but the rule divided by the raw q: 2.6e-4 in total variation from p (a review's closed form). The
+    round now gets q / Σq. With 1.0009·q, the q it gets sums to 1 (old: 1.0009); a row of zeros stays zeros."""
+    from specdec_edu.generate import propose_checked
+
+    class Loose:
+        def __init__(self, scale):
+            self.scale = scale
+
+        def propose(self, context, gamma, to_probs, generator):
+            q = torch.tensor([[0.5, 0.3, 0.2, 0.0], [0.1, 0.1, 0.1, 0.7]]) * self.scale
+            return torch.tensor([0, 3]), q
+
+    _, q, flags = propose_checked(Loose(1.0009), [1, 2], 2, None, None, torch.device("cpu"), 6)
+    assert q.sum(-1).tolist() == pytest.approx([1.0, 1.0], abs=1e-6) and flags.tolist() == [False, False]
+    assert q[0, :3].tolist() == pytest.approx([0.5, 0.3, 0.2], abs=1e-6) and q[:, 4:].eq(0).all()
+    _, q, flags = propose_checked(Loose(0.0), [1, 2], 2, None, None, torch.device("cpu"), 6)
+    assert q.eq(0).all() and flags.tolist() == [True, True]  # not a distribution, and the draft has q(x) = 0
+
+
 def test_a_batchs_tau_is_a_rows_not_b_times_it(target):
     """Batch stats add up their rows' tokens but count the batched forwards as rounds: τ of three copies of one
     prompt came out 3× the prompt's own, and so did drafts per round. Both are per row now, for either loop."""

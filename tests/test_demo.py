@@ -229,6 +229,25 @@ def test_cli_requires_a_command(capsys):
         main([])
 
 
+def test_a_feature_drafters_baseline_runs_eager_as_the_drafter_does(monkeypatch):
+    """EAGLE and Medusa always run eager; on CUDA their target-only baseline ran compiled (the default there), so the
+    demo's speedup, c and verify cost compared two paths. The baseline now follows the drafter; a model drafter's
+    baseline keeps the default (None: compiled wherever the speculative run compiles)."""
+    import specdec_edu
+
+    seen = []
+    result = types.SimpleNamespace(stats=types.SimpleNamespace(seconds=1.0))
+    monkeypatch.setattr(specdec_edu, "autoregressive_generate", lambda *a, **k: seen.append(k["compile"]) or result)
+    monkeypatch.setattr(specdec_edu, "speculative_generate", lambda *a, **k: result)
+    features = types.SimpleNamespace(observe=lambda features: None)
+    monkeypatch.setattr(demo, "make_drafter", lambda kind, draft, target: features if kind == "eagle" else draft)
+    target = types.SimpleNamespace(device=torch.device("cpu"))
+    settings = demo.DemoSettings(gamma=4, repeats=1)
+    demo.run_both(target, "draft model", "eagle", None, settings, None)
+    demo.run_both(target, "draft model", "model", None, settings, None)
+    assert seen == [False, None]
+
+
 @pytest.mark.embedded
 def test_real_demo_on_the_embedded_pair(capsys):
     assert main(["demo", "--max-new-tokens", "12", "--repeats", "1", "--no-color",

@@ -174,8 +174,12 @@ def test_lookup_drafts_a_single_token_too(close_draft):
         tokens, q = hybrid.propose(context, gamma, lambda x: x.softmax(-1))
         assert tokens.tolist() == [1, 7, 8][:gamma] and torch.equal(q.argmax(-1), tokens)
     assert hybrid.rounds == {"lookup": 2, "fallback": 0}
-    hybrid.propose(torch.tensor([7, 8, 9, 1]), 1, lambda x: x.softmax(-1))  # control: no earlier 3-gram, the model drafts
+    # control: a 1-gram match ("9", then 1) but no earlier 3-gram: the lookup's min_ngram (3 here) turns it down and the
+    # model drafts (with no match of any length, as in [7, 8, 9, 1], a lookup that ignored min_ngram fell back too)
+    hybrid.propose(torch.tensor([7, 8, 9, 1, 9]), 1, lambda x: x.softmax(-1))
     assert hybrid.rounds == {"lookup": 2, "fallback": 1}
+    assert PromptLookupDrafter(max_ngram=4, min_ngram=3).propose(torch.tensor([7, 8, 9, 1, 9]), 3)[0].tolist() == []
+    assert PromptLookupDrafter(max_ngram=4, min_ngram=1).propose(torch.tensor([7, 8, 9, 1, 9]), 3)[0].tolist() == [1, 9]
 
 
 def test_near_its_limit_the_draft_model_drafts_fewer_tokens():

@@ -48,7 +48,8 @@ def test_bf16_only_where_the_gpu_has_it_natively(gpu, capability, want):
 def test_fp32_on_the_cpu_and_mps(monkeypatch):
     monkeypatch.delenv("SPECDEC_EDU_DTYPE", raising=False)
     assert default_dtype("cpu") == default_dtype("mps") == torch.float32
-    assert "fp32" in dtype_reason("cpu", torch.float32)
+    assert "fp32" in dtype_reason("cpu", torch.float32) and "off a GPU" in dtype_reason("cpu", torch.float32)
+    assert "off CUDA" in dtype_reason("mps", torch.float32)  # Apple's GPU: not "off a GPU"
 
 
 @pytest.mark.parametrize("value, want", [("fp32", torch.float32), ("FP16", torch.float16), (" bf16", torch.bfloat16)])

@@ -426,6 +426,27 @@ def test_a_compiled_forward_gets_room_for_the_tokens_it_appends():
     assert forward_seconds(model, 8, context_length=252, repeats=1, compile=True, compile_options={"backend": "eager"}) > 0
 
 
+def test_a_compiled_verify_cost_sweeps_at_its_own_context_after_a_generation_filled_the_shared_cache(forward_calls):
+    """Compiled, the calibration's cache is the shared one every compiled generation of the model rewinds and fills
+    (the default on CUDA; torch.compile's eager backend here). Notebook 07 sweeps between generations: a sweep then
+    timed its forwards at the generation's length (here 44 positions, not 16), and near the cache's end raised. Each
+    sweep now puts its context back first, untimed."""
+    from conftest import tiny_llama
+
+    from specdec_edu import autoregressive_generate
+    from specdec_edu.course.measure import VerifyCost
+
+    model, options = tiny_llama(seed=0, max_positions=512), {"backend": "eager"}
+    cost = VerifyCost(model, [1, 3], context_length=16, compile=True, compile_options=options)
+    out = autoregressive_generate(model, torch.tensor([[1, 2, 3, 4]]), max_new_tokens=40, compile=True,
+                                  compile_options=options)
+    assert out.stats.compiled
+    forward_calls.clear()
+    cost.sweep()
+    timed = [call for call in forward_calls if call[0] in (1, 3)]
+    assert timed and all(length == 16 for _, length in timed), forward_calls
+
+
 def test_tokens_html_draws_the_asked_row_escaped_with_the_sources_it_uses():
     """Row ``row`` of a batch: its tokens and its sources (row 0's were drawn for every row); the text is HTML-escaped
     (a token "<b" would open a tag); the legend names only the sources that occur."""

@@ -7,7 +7,8 @@ from specdec_edu import PromptLookupDrafter, autoregressive_generate, logits_to_
 
 @pytest.mark.parametrize(
     "temperature, top_k, top_p",
-    [(1.0, 0, 1.0), (0.7, 0, 1.0), (1.3, 5, 1.0), (1.0, 0, 0.9), (0.8, 10, 0.8), (2.0, 1, 0.5), (1.0, 500, 0.999)],
+    [(1.0, 0, 1.0), (0.7, 0, 1.0), (1.3, 5, 1.0), (1.0, 0, 0.9), (0.8, 10, 0.8), (2.0, 1, 0.5), (1.0, 500, 0.999),
+     (0.6, 0, 0.9), (1.5, 0, 0.7)],  # the last two: temperature before top-p (top-k off), the order HF warps in
 )
 def test_matches_transformers_warpers(temperature, top_k, top_p):
     """Same semantics and order as HF generate(): temperature -> top-k -> top-p."""

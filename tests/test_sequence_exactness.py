@@ -65,6 +65,8 @@ def pvalue(samples, exact):
     keep = expected > 0
     if counts[~keep].sum() > 0:  # sampled an outcome of probability 0: certainly not the target's distribution
         return 0.0
+    if keep.sum() < 2:  # one possible outcome (e.g. top_k=1): nothing left to test, and χ² with df 0 is NaN
+        return 1.0
     return chisquare(counts[keep], expected[keep] * counts.sum() / expected[keep].sum()).pvalue
 
 
@@ -175,6 +177,14 @@ def test_one_impossible_outcome_fails_the_test_even_where_the_pool_has_room(smal
     assert pvalue(samples, exact) > THRESHOLD
     impossible = next(c for c, pr in exact.items() if pr == 0.0)
     assert pvalue(samples[:-1] + [impossible], exact) == 0.0
+
+
+def test_a_distribution_with_one_outcome_passes_its_own_samples():
+    """Greedy-like settings (top_k=1) leave one possible continuation: χ² then has no degree of freedom (scipy says
+    NaN, which no threshold passes). Its own samples pass; one other outcome fails."""
+    exact = {(1, 2, 3): 1.0, (1, 2, 4): 0.0}
+    assert pvalue([(1, 2, 3)] * N_SAMPLES, exact) == 1.0
+    assert pvalue([(1, 2, 3)] * (N_SAMPLES - 1) + [(1, 2, 4)], exact) == 0.0
 
 
 def test_pair_disagrees(small_vocab_pair):

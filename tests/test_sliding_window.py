@@ -136,6 +136,23 @@ def test_compiled_path_past_the_window_equals_generate(pair):
 # ---- the batched loop: masked slots inside the window ---------------------------------------------------------------
 
 
+def test_a_model_drafter_with_a_window_starts_over_on_a_context_that_is_not_an_extension():
+    """A draft with a sliding window, asked about a new context that shares only a prefix with the last one (a new
+    prompt): transformers >= 5.20 keeps a dynamic sliding layer's last W − 1 rows at each crop, so the crop back to the
+    shared prefix raised inside attention ("size of tensor a (3) must match … b (10)"; a review found it). The drafter
+    now starts over for such a context; its q equals a recomputation from scratch, on every version."""
+    draft = mistral(0)
+    drafter = ModelDrafter(draft)
+    to_probs, gen = lambda logits: torch.softmax(logits.float(), -1), torch.Generator().manual_seed(0)
+    first = torch.arange(1, 21)
+    tokens, _ = drafter.propose(first, 3, to_probs, gen)
+    drafter.propose(torch.cat([first, torch.tensor([(int(tokens[0]) + 1) % 64])]), 3, to_probs, gen)  # 0 accepted
+    new = torch.cat([first[:12], torch.tensor([50, 51, 52])])  # a new prompt: 12 tokens shared, not an extension
+    _, q = drafter.propose(new, 3, to_probs, gen)
+    with torch.no_grad():
+        assert torch.allclose(q[0], to_probs(draft(new[None]).logits[0, -1]), atol=1e-5)
+
+
 def test_sliding_window_is_read_from_the_config():
     assert sliding_window(mistral(0)) == WINDOW and sliding_window(hybrid_qwen2(0)) == WINDOW
     assert sliding_window(tiny(MistralConfig, MistralForCausalLM, 0, sliding_window=None)) is None
@@ -166,8 +183,10 @@ def test_batched_within_the_window_is_each_rows_own_output():
 
 def test_the_batched_window_check_is_exactly_its_bound():
     """The refusal above at its boundary: prompt width 6 + 10 × (γ + 1 = 5) = 56 slots. A window of 56 holds every slot
-    and runs (exact, row by row); one of 55 could lose a real token to a masked slot and is refused. An off-by-one in
-    the bound let the 55-wide window through, the case where the batch's output may stop being the target's."""
+    and runs (exact, row by row); one of 55 is refused. The bound counts the prompt's whole width where the prefill
+    writes one slot less, so it is conservative by one: 55 would still hold every slot the last query reads, and 54
+    would not. The test pins the bound where the code puts it; a bound looser by two would let a window through that
+    loses a real token."""
     prompts = [[1, 2, 3, 4, 5, 6], [20, 21, 22]]
     ids, mask = left_pad([torch.tensor(p) for p in prompts])
     target, draft = (tiny(MistralConfig, MistralForCausalLM, seed, sliding_window=56) for seed in (0, 1))

@@ -225,6 +225,53 @@ def test_drafter_uses_the_request_and_reindexes_an_unrelated_context():
     assert drafter.request._list == unrelated.tolist() and tokens.tolist() == []
 
 
+def test_the_drafter_keeps_the_candidate_expected_to_keep_more_drafts():
+    """The request and the corpus both match: the drafter keeps the draft with the larger expected accepted length
+    (the sum of its path probabilities), here the longer match with its larger budget. No test checked which one it
+    kept: "the first that drafts wins" or "the worse one wins" passed every test (a review planted both)."""
+    context = torch.tensor([7, 1, 2, 3, 50, 51, 7, 1, 2, 3])  # the request: "7 1 2 3" ended earlier, m = 4
+    longer = CorpusIndex(24)
+    longer.add([51, 7, 1, 2, 3, 4, 5, 6, 7, 8, 9])  # "51 7 1 2 3": m = 5, budget 5 > the request's 4
+    drafter = SuffixDrafter(longer)
+    tokens, _ = drafter.propose(context, gamma=8)
+    assert drafter.last == {"source": "corpus", "match": 5, "probs": [1.0] * 5} and tokens.tolist() == [4, 5, 6, 7, 8]
+    shorter = CorpusIndex(24)
+    shorter.add([1, 2, 3, 4, 5, 6, 7, 8, 9])  # "1 2 3": m = 3, budget 3 < the request's 4
+    drafter = SuffixDrafter(shorter)
+    tokens, _ = drafter.propose(context, gamma=8)
+    assert drafter.last == {"source": "request", "match": 4, "probs": [1.0] * 4} and tokens.tolist() == [50, 51, 7, 1]
+
+
+def test_the_drafter_indexes_only_the_tokens_a_context_adds():
+    """Round after round the context grows by a few tokens: the request index must take those only (O(new tokens)),
+    never start over. Re-indexing the whole context every round passed every test while a review measured it at
+    128 ms per round for 2k tokens, slower than the target's step."""
+    drafter = SuffixDrafter()
+    resets, fed = [], []
+    real_reset, real_extend = drafter.request.reset, drafter.request.extend
+    drafter.request.reset = lambda: resets.append(1) or real_reset()
+    drafter.request.extend = lambda tokens: fed.append(len(tokens)) or real_extend(tokens)
+    context = torch.randint(0, 50, (30,), generator=torch.Generator().manual_seed(0))
+    for grow in (0, 3, 1, 5, 2):
+        context = torch.cat([context, torch.arange(grow)])
+        drafter.propose(context, gamma=4)
+    assert fed == [30, 3, 1, 5, 2] and not resets and drafter.request._list == context.tolist()
+    drafter.propose(context[:10], gamma=4)  # control: a context that is not an extension starts over
+    assert resets == [1] and fed[-1] == 10
+
+
+def test_a_corpus_match_is_at_most_the_drafters_max_match():
+    """The corpus was searched with the whole request: a corpus built deeper than the drafter matched past the
+    drafter's max_match (20 for 8), and the budget, spec_factor · m, grew with it."""
+    corpus = CorpusIndex(24)
+    corpus.add(list(range(100, 130)))
+    drafter = SuffixDrafter(corpus, max_match=8)
+    drafter.propose(torch.arange(100, 120), gamma=40)
+    assert drafter.last["source"] == "corpus" and drafter.last["match"] == 8
+    with pytest.raises(ValueError, match="an empty pattern"):
+        corpus.count([])
+
+
 # ---- exactness on tiny models -------------------------------------------------------------------------
 
 

@@ -213,7 +213,10 @@ def run_bench(target, draft, inputs, *, eos_token_id=None, drafter="model", gamm
     """
     if drafter not in DRAFTERS:
         raise ValueError(f"drafter={drafter!r}: use one of {', '.join(map(repr, DRAFTERS))}")
-    compiled = resolve_compile(compile, target.device, None)
+    # A drafter that reads the target's features runs eager, so then every method of ours does: a speedup, c or
+    # verify cost must not compare an eager run with a compiled one.
+    compiled = resolve_compile(compile, target.device, "the target's features (for this drafter) are not compiled"
+                               if drafter in FEATURE_DRAFTERS else None)
     methods = methods_for(target, draft, drafter, gamma, eos_token_id, compiled, corpus_additions, hf_lookup,
                           suffix_options)
     # Warm-up: first calls pay for allocations, lazy init and compiling. The longest prompt at the real length, so
@@ -278,7 +281,8 @@ def run_batch_sweep(target, draft, tokenizer, batch_sizes, *, gamma=4, max_new_t
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
     def methods(ids, mask):  # the two runs of one batch, left-padded
-        kw = dict(attention_mask=mask, max_new_tokens=max_new_tokens, pad_token_id=pad)
+        # eager at every size: batches always run eager, so batch 1 must too, or its row compares another path
+        kw = dict(attention_mask=mask, max_new_tokens=max_new_tokens, pad_token_id=pad, compile=False)
         return {"target_only": lambda: autoregressive_generate(target, ids, **kw),
                 "speculative": lambda: speculative_generate(target, draft, ids, gamma=gamma, **kw)}
 

@@ -157,14 +157,18 @@ def run_both(target, draft_model, kind, input_ids, settings, eos_token_id):
     fresh drafter, so that none reuses another's draft KV cache.
     """
     from .. import autoregressive_generate, speculative_generate
+    from ..drafters import wants_features
 
     baselines, speculatives = [], []
     for _ in range(max(1, settings.repeats)):
+        drafter = make_drafter(kind, draft_model, target)
+        # A drafter that reads the target's features runs eager (never compiled): its baseline must too, or the
+        # speedup, c and the verify cost would compare two paths (on CUDA, eager against CUDA graphs).
         baselines.append(autoregressive_generate(
-            target, input_ids, eos_token_id=eos_token_id,
+            target, input_ids, eos_token_id=eos_token_id, compile=False if wants_features(drafter) else None,
             **_sampling_kwargs(settings, target.device)))
         speculatives.append(speculative_generate(
-            target, make_drafter(kind, draft_model, target), input_ids, gamma=settings.gamma,
+            target, drafter, input_ids, gamma=settings.gamma,
             eos_token_id=eos_token_id, **_sampling_kwargs(settings, target.device)))
     fastest = lambda runs: min(runs, key=lambda r: r.stats.seconds)  # noqa: E731
     return fastest(baselines), fastest(speculatives)
@@ -519,6 +523,8 @@ def main(args: argparse.Namespace, out: TextIO | None = None) -> int:
     from ..generate import compiles_by_default
 
     path = "compiled (the warm-up compiles)" if compiles_by_default(target.device) else "eager"
+    if path != "eager" and {"eagle", "medusa"} & set(settings.drafters):  # they read the target's features: eager
+        path += "; EAGLE and Medusa, and their baselines, eager"
     dtype = str(next(target.parameters()).dtype).removeprefix("torch.")  # SPECDEC_EDU_DTYPE can change it: say which
     print(f"running on {describe_machine(target)}, {dtype}, {path}: warm-up, then target-only and speculative decoding "
           "alternately ...", file=sys.stderr, flush=True)

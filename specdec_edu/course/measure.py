@@ -96,6 +96,7 @@ class VerifyCost:
 
     def _init(self, forward, wait, timer=None):
         self._forward, self._wait, self._timer = forward, wait, timer or time.perf_counter  # looked up when made
+        self._restore = getattr(forward, "restore", lambda: None)  # the context back, if a generation moved it
         self.sweeps: list[dict[int, float]] = []  # one {n: t(n) / t(1)} per sweep
         for n in self.ns:  # warm-up, untimed
             forward(n)
@@ -105,6 +106,7 @@ class VerifyCost:
 
     def sweep(self) -> dict[int, float]:
         """Time one forward per n (t(1) first and last) and keep this sweep's ratios; return them."""
+        self._restore()  # untimed
         first = self._seconds(1)
         seconds = {n: self._seconds(n) for n in self.ns if n != 1}
         one = (first + self._seconds(1)) / 2
@@ -147,6 +149,16 @@ def _appending_forward(model, context_length: int, max_new: int, compile: bool, 
         kv.forward_cached(model, new[:, :n], cache)  # all n positions' logits, as a verify pass needs
         kv.crop(cache, n)
 
+    @torch.no_grad()
+    def restore() -> None:
+        """The compiled cache is the one every compiled generation of this model rewinds and fills: after one, it
+        holds that generation's tokens, not ``context_length`` of ours (a longer context makes every forward slower,
+        and near ``max_len`` the next one would not fit). Rewind and put a context back. (Eager: a private cache.)"""
+        if kv.cache_length(cache) != context_length:
+            kv.crop(cache, kv.cache_length(cache))
+            kv.forward_cached(model, context, cache, logits_to_keep=1)
+
+    forward.restore = restore
     return forward
 
 

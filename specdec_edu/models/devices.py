@@ -172,7 +172,8 @@ def dtype_reason(device, dtype: torch.dtype) -> str:
             chosen == "fp16" and dtype == torch.float32) else ""
         return f"{name} (chosen here, over SPECDEC_EDU_DTYPE={chosen}: the code loaded it so{overflow})"
     if device.type != "cuda":
-        return (f"{name} (on {device.type}: the course's default off a GPU: "
+        where = "off a GPU" if device.type == "cpu" else "off CUDA"  # MPS is Apple's GPU: fp32 there too
+        return (f"{name} (on {device.type}: the course's default {where}: "
                 "its rounding stays far below anything that could flip a token)")
     major, minor = torch.cuda.get_device_capability(device)
     if dtype == torch.float32:  # the embedded pair always; a hub pair after its 16-bit forward overflowed (a warning says)
