@@ -17,7 +17,7 @@
 # BUDGET (default 580 s) is what a stage plans to use of its call: every step's time limit is cut to what is left of
 # it, counted from the script's start. The lease plan, 900 s of device time in all (the machine goes back 30 s idle):
 #   start: 40 s to a minute or more (every second of it counted);
-#   call 1: BUDGET=430 bash scripts/gpu_course_checks.sh all (timeout_s 450);
+#   call 1: GIT_COMMIT=<sha> BUDGET=430 bash scripts/gpu_course_checks.sh all (timeout_s 450);
 #   call 2, only if the tool's `status` shows budget_left_s ≥ 400, sent within 30 s of call 1's return:
 #           GIT_COMMIT=<sha> BUDGET=360 bash scripts/gpu_course_checks.sh 7b (timeout_s 380). That needs the start
 #           and call 1 to end within 500 s: with a slow start it does not fit, and the 7b goals are the next lease's
@@ -56,6 +56,7 @@ left() { echo $(( BUDGET - SECONDS )); }  # seconds of BUDGET left (bash counts 
 limit() { local l; l=$(left); if (( l < $1 )); then echo $(( l > 5 ? l : 5 )); else echo "$1"; fi; }  # a step's limit within BUDGET
 mkdir -p "$OUT"
 export SPECDEC_EDU_RANDOM_TARGET=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1  # no internet there: fail at once, never wait
+export PYTHONUNBUFFERED=1  # a step cut by its limit keeps every line it printed
 {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "command: $0 $*"
@@ -64,7 +65,7 @@ export SPECDEC_EDU_RANDOM_TARGET=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1  # no
   echo "settings: COLD_PATHS=${COLD_PATHS:-default,eager,reduce-overhead} COMPILE_BACKEND=${COMPILE_BACKEND:-inductor}" \
     "FP16_NEEDS=${FP16_NEEDS:-60} COLD_NEEDS=${COLD_NEEDS:-60} PYTHON=$PY"
   env | grep '^SPECDEC_EDU_' | sort || true
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo "nvidia-smi: none"
+  timeout -k 5 30 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo "nvidia-smi: none"
 } > "$OUT/provenance.txt"
 if compgen -G ".whl/*.whl" >/dev/null; then  # wheels carried from scripts/gpu_wheels.sh (the machine has no registry)
   # a failed install (wheels for another Python) must not cost the stages that need none of them
@@ -80,7 +81,16 @@ TREE="${TREE:-.whl/TREE}"  # scripts/gpu_wheels.sh writes it: the commit, and wh
 if [[ -f "$TREE" ]]; then
   sed 's/^/tree: /' "$TREE" >> "$OUT/provenance.txt"
 fi
-"$PY" -c "import torch, transformers, platform; print(torch.__version__, transformers.__version__, 'Python', platform.python_version(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no CUDA device')" \
+MANIFEST="$(dirname "$TREE")/MANIFEST"  # every file's sha256 when gpu_wheels.sh ran: name what changed since
+if [[ -f "$MANIFEST" ]]; then
+  changed="$(sha256sum --quiet -c "$MANIFEST" 2>/dev/null | head -n 20 || true)"  # its paths: from the repository root
+  if [[ -n "$changed" ]]; then
+    sed 's/^/tree check: changed since scripts\/gpu_wheels.sh ran: /' <<<"$changed" >> "$OUT/provenance.txt"
+  else
+    echo "tree check: every file as when scripts/gpu_wheels.sh ran" >> "$OUT/provenance.txt"
+  fi
+fi
+timeout -k 5 60 "$PY" -c "import torch, transformers, platform; print(torch.__version__, transformers.__version__, 'Python', platform.python_version(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no CUDA device')" \
   | tee "$OUT/versions.txt" | tee -a "$OUT/provenance.txt"
 
 DEVICE="${DEVICE:-cuda}"
@@ -140,12 +150,14 @@ EOF
 }
 
 cuda_tests() {  # smoke 2b: the suite's CUDA-only tests, which every CI machine skips: the χ² of notebook 11 filled
-  # from GPU tensors, and both models' widths recorded as real CUDA graphs giving HF's greedy tokens in fp32
+  # from GPU tensors, both models' widths recorded as real CUDA graphs giving HF's greedy tokens in fp32, and the
+  # syncs per round under torch.cuda.set_sync_debug_mode (one: the round's read)
   local t
   t=$(limit 120)
   timeout -k 10 "$t" "$PY" -m pytest -o addopts="" -q -p no:cacheprovider -rs \
     "tests/test_proof.py::test_token_chi2_and_its_power_take_distributions_from_a_gpu" \
-    "tests/test_compiled.py::test_captured_cuda_graphs_give_the_targets_greedy_tokens_on_cuda" 2>&1 \
+    "tests/test_compiled.py::test_captured_cuda_graphs_give_the_targets_greedy_tokens_on_cuda" \
+    "tests/test_compiled.py::test_a_round_waits_for_the_device_once_on_cuda" 2>&1 \
     | tee "$OUT/cuda_tests.txt" || failed $? "smoke 2b (the CUDA-only tests)" "$t" "120 s"
 }
 
@@ -211,10 +223,14 @@ notebooks() {  # the notebooks on CUDA, quick, in a scratch folder, then one arc
   mkdir -p "$kernels"
   local rc=0 t=$(( deadline + 20 ))
   TMPDIR="$kernels" timeout -k 10 "$t" "$PY" scripts/execute_notebooks.py --scratch --quick --jobs "${JOBS:-4}" \
-    --deadline "$deadline" --timeout "${CELL_TIMEOUT:-240}" --retries 1 --out /tmp/executed "$@" 2>&1 | tee "$OUT/notebooks.txt" || rc=$?
+    --deadline "$deadline" --timeout "${CELL_TIMEOUT:-240}" --retries 1 --out /tmp/executed "$@" > "$OUT/notebooks.txt" 2>&1 \
+    || rc=$?
+  # Into a file, not through `tee`: the kernels inherit the output, and a pipe would stay open (no end of file for
+  # tee, the script waiting on it) while a kernel that outlived the backstop held it, so the pkill would never come.
   if (( rc == 124 || rc == 137 )); then  # the backstop fired: the kernels run in sessions of their own and would outlive it
     pkill -f "ipykernel_launcher -f $kernels/" 2>/dev/null || true
   fi
+  cat "$OUT/notebooks.txt"
   if (( rc == 3 )); then  # execute_notebooks.py: nothing failed, but the deadline stopped some (rows of the table)
     echo "cut: notebooks: the DEADLINE of $deadline s stopped or never started some (see notebooks.txt): exit 3" \
       | tee -a "$OUT/provenance.txt"

@@ -16,7 +16,8 @@
 # The versions are pinned by constraints/gpu_wheels.txt: a new release cannot change what runs there unannounced.
 # The working tree (tracked files and untracked ones git does not ignore) travels with these wheels and must stay under
 # 64 MiB: the script prints the total. Last it prints GIT_COMMIT=<sha> for gpu_course_checks.sh's provenance (.git
-# does not travel), and a warning when the tree that travels is not that commit (`git status --porcelain`).
+# does not travel), and a warning when the tree that travels is not that commit (`git status --porcelain`); .whl/TREE
+# and .whl/MANIFEST (every file's sha256) let the stages name the files that changed after it ran.
 #
 # The CPU rehearsal of that stage, in a venv that holds only what the image holds:
 #   python3 -m venv /tmp/gpulike && /tmp/gpulike/bin/pip install torch==2.13.0 transformers==5.17.0 numpy scipy \
@@ -66,6 +67,9 @@ dirty="$(git status --porcelain)"
     echo "clean: the tree is that commit"
   fi
 } > "$WHEELS/TREE"
+# Every file's hash as it is now: the tree travels at the call, not now, and gpu_course_checks.sh checks it against
+# this list, so an edit made between here and the call is named in the provenance (a file added since is not)
+git ls-files -z --cached --others --exclude-standard | xargs -0 -r sha256sum -- > "$WHEELS/MANIFEST" 2>/dev/null || true
 if [[ -n "$dirty" ]]; then
   {
     echo "WARNING: the working tree is not commit $sha: $(wc -l <<<"$dirty") path(s) differ (git status --porcelain):"

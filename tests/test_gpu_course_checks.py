@@ -1,11 +1,13 @@
 """scripts/gpu_course_checks.sh, the one prepared command a lent GPU runs: it must say how to use it before doing any
 work, write its provenance first, and keep every step inside the time it was given (rehearsed here on the CPU)."""
 
+import hashlib
 import os
 import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -124,6 +126,8 @@ def test_all_keeps_the_fp16_reports_time_back_from_the_notebooks_and_a_deadline_
     provenance = (out / "provenance.txt").read_text()
     assert f"cut: notebooks: the DEADLINE of {deadline} s stopped or never started some" in provenance
     assert "stage all: exit 3" in provenance
+    files = sorted(f.name for f in out.iterdir())  # the device tool returns 8 files from $OUT: more are dropped, silently
+    assert len(files) <= 8, files
 
 
 def test_gpu_wheels_names_the_commit_and_warns_when_the_tree_that_travels_is_not_it(tmp_path):
@@ -156,6 +160,8 @@ printf '%0100d' 0 > "$d/nbclient-1.0-py3-none-any.whl"
     tracked = sum(p.stat().st_size for p in (repo / "scripts" / "gpu_wheels.sh", repo / ".gitignore", repo / "a.txt"))
     done, travels = wheels()
     assert done.stdout.rstrip().endswith(f"GIT_COMMIT={sha}") and "WARNING" not in done.stderr
+    manifest = (repo / ".whl" / "MANIFEST").read_text().splitlines()  # every file that travels, by its hash
+    assert f"{hashlib.sha256(b'a' * 1000).hexdigest()}  a.txt" in manifest and len(manifest) == 3, manifest
     assert "1 wheels in .whl: 100 bytes" in done.stdout and travels == tracked
     (repo / "b.txt").write_text("b" * 5000)  # untracked, not ignored: it travels
     done, travels = wheels()
@@ -216,7 +222,10 @@ def test_every_step_runs_under_timeout_k_10_with_its_cap_cut_to_what_is_left_of_
         done = run(stage, OUT=str(tmp_path / "out"), PYTHON=fake_python(tmp_path), PATH=fake_tools(tmp_path),
                    FP16_NEEDS="-100", COLD_NEEDS="-100", **env)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-        calls = log.read_text().splitlines()
+        setup, calls = [], []  # the provenance's nvidia-smi and versions lines have a limit of their own (30, 60 s)
+        for call in log.read_text().splitlines():
+            (setup if call.startswith("timeout -k 5 ") else calls).append(call)
+        assert [call.split()[3] for call in setup] == ["30", "60"], setup
         found = [int(m.group(1)) for m in map(re.compile(r"timeout -k 10 (-?\d+) ").match, calls) if m]
         assert len(found) == len(calls), calls  # every step has its -k 10
         return found
@@ -399,6 +408,31 @@ def test_the_provenance_names_the_run_and_every_step_runs_offline_on_the_random_
             assert "offline=1,1 random=1" in cold
 
 
+def test_the_provenance_names_the_files_changed_since_the_wheels_were_made(tmp_path):
+    """The tree travels at the call, not when scripts/gpu_wheels.sh wrote .whl/TREE: its MANIFEST (every file's
+    sha256) is checked, and a file edited since is named in the provenance; an unchanged tree says so."""
+    tree, manifest = tmp_path / "TREE", tmp_path / "MANIFEST"
+    tree.write_text("commit 0123abc\nclean: the tree is that commit\n")
+    readme = hashlib.sha256((ROOT / "README.md").read_bytes()).hexdigest()
+    manifest.write_text(f"{readme}  README.md\n")
+    py, path = fake_python(tmp_path), fake_tools(tmp_path)
+    done = run("cold", OUT=str(tmp_path / "same"), PYTHON=py, PATH=path, TREE=str(tree))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "tree check: every file as when scripts/gpu_wheels.sh ran" in (tmp_path / "same" / "provenance.txt").read_text()
+    manifest.write_text(f"{readme}  README.md\n{'0' * 64}  pyproject.toml\n")  # pyproject.toml "edited" since
+    done = run("cold", OUT=str(tmp_path / "edited"), PYTHON=py, PATH=path, TREE=str(tree))
+    lines = [line for line in (tmp_path / "edited" / "provenance.txt").read_text().splitlines() if "tree check" in line]
+    assert lines == ["tree check: changed since scripts/gpu_wheels.sh ran: pyproject.toml: FAILED"], lines
+
+
+def test_every_test_the_script_names_exists():
+    """Smoke step 2b runs the suite's CUDA-only tests by node id: a renamed test would be "not found" on the GPU only."""
+    named = re.findall(r'"(tests/[\w/]+\.py)::(\w+)"', SCRIPT.read_text())
+    assert len(named) >= 3, named
+    for file, test in named:
+        assert re.search(rf"^def {test}\(", (ROOT / file).read_text(), re.M), f"{file}::{test}"
+
+
 def wheels_repo(tmp_path):
     """A copy of gpu_wheels.sh in a fresh one-commit repo with its constraints, and a `python3` whose pip download
     writes its arguments to pip.txt and, instead of fetching, leaves wheels of the packages it names and of some it
@@ -442,7 +476,7 @@ def test_gpu_wheels_fetches_binaries_for_the_gpu_python_and_leaves_out_what_the_
         assert pip[pip.index(option) + 1] == value, (option, pip)
     platforms = {pip[i + 1] for i, arg in enumerate(pip) if arg == "--platform"}
     assert {"any", "manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64"} <= platforms, platforms
-    assert sorted(p.name for p in (repo / ".whl").iterdir()) == ["TREE", "nbclient-0.11.0-py3-none-any.whl",
+    assert sorted(p.name for p in (repo / ".whl").iterdir()) == ["MANIFEST", "TREE", "nbclient-0.11.0-py3-none-any.whl",
                                                                   "traitlets-5.16.1-py3-none-any.whl"]
     # TREE names the commit and whether the tree that travels is it (the stages copy it into their provenance)
     sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
@@ -565,7 +599,25 @@ def test_the_notebooks_deadline_is_cut_to_the_budget_and_too_little_of_it_is_a_c
     assert done.returncode == 3, done.stdout[-2000:] + done.stderr[-2000:]
     provenance = (out / "provenance.txt").read_text()
     assert "cut: notebooks not started: " in provenance and "stage notebooks: exit 3" in provenance, provenance
-    assert not log.exists() and "notebooks given" not in (out / "notebooks.txt").read_text()
+    assert "timeout -k 10" not in log.read_text() and "notebooks given" not in (out / "notebooks.txt").read_text()
+
+
+def test_a_kernel_that_outlives_the_notebooks_run_does_not_hold_the_stage(tmp_path):
+    """The kernels run in sessions of their own and inherit the run's output. Through `tee`, one that outlived
+    execute_notebooks.py kept the pipe open: the stage waited for it (here a `sleep 20` in a new session stands in),
+    and after a backstop cut the pkill that stops such kernels would never have come. The output now goes to its
+    file directly, and the stage goes on at once."""
+    marker = f"specdec-edu-test-kernel-{os.getpid()}"
+    cases = f"""  *execute_notebooks.py*) setsid bash -c 'exec -a {marker} sleep 20' & echo "notebooks ran" ;;"""
+    out = tmp_path / "out"
+    try:
+        started = time.monotonic()
+        done = run("notebooks", OUT=str(out), PYTHON=fake_python(tmp_path, cases), PATH=fake_tools(tmp_path), DEADLINE="100")
+        took = time.monotonic() - started
+    finally:
+        subprocess.run(["pkill", "-f", marker], capture_output=True)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert took < 15 and "notebooks ran" in (out / "notebooks.txt").read_text() and "notebooks ran" in done.stdout, took
 
 
 def test_the_backstop_stops_this_runs_kernels_and_no_others(tmp_path, monkeypatch):
