@@ -392,7 +392,9 @@ def speculative_generate(
         max_new_tokens: upper bound on generated tokens (never exceeded).
         gamma: draft tokens per round (γ).
         do_sample, temperature, top_k, top_p: as in HF ``generate``; greedy if not do_sample.
-        generator: ``torch.Generator`` on the target's device, for reproducible sampling.
+        generator: ``torch.Generator`` on the target's device, for reproducible sampling. Greedy runs use it too,
+            for the drafter's draws (a drafter may sample from a q that is not one-hot, as the dial does); a greedy
+            run without one drafts with a private generator, so torch's global one is left alone.
         eos_token_id: int or list of ints; generation stops right after it, as ``generate`` does. Default ``None``:
             no stop but ``max_new_tokens`` (unlike ``generate``, the model's own EOS is not read: pass
             ``tok.eos_token_id`` for a chat answer that ends where the model ends it).
@@ -423,6 +425,8 @@ def speculative_generate(
     config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k,
                               top_p=top_p, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
     ids, mask = validate_prompts(target, input_ids, attention_mask, generator)
+    if generator is None and not do_sample:  # greedy: the output needs no draw, but drafting may; none from the global RNG
+        generator = torch.Generator(ids.device)
     positions = ids.shape[1] + max_new_tokens + gamma  # what a cache must hold: prompt, output, the last round's drafts
     compile = resolve_compile(compile, ids.device, "only single prompts are compiled, not batches" if ids.shape[0] > 1 else
                               "the target's features (for this drafter) are not compiled" if wants_features(draft) else None)

@@ -3,6 +3,7 @@ back the target's KV cache fails visibly, and an unwritten one is reported as su
 
 import re
 
+import pytest
 import torch
 
 from specdec_edu import kv
@@ -109,10 +110,62 @@ def test_a_round_that_only_decodes_fails_though_its_tokens_are_right(target, dra
 
     assert check_speculative_round(decode_only, target, draft, PROMPT, gamma=4, max_new_tokens=20) is False
     assert "never read more than one token" in capsys.readouterr().out
-    from specdec_edu import autoregressive_generate
+    assert check_speculative_round(greedy_round, target, draft, PROMPT, gamma=4, max_new_tokens=20) is True  # control
 
-    reference = autoregressive_generate(target, PROMPT, max_new_tokens=20, compile=False).row(0)
-    assert check_speculative_round(scripted_round(reference), target, draft, PROMPT, gamma=4, max_new_tokens=20) is True
+
+def greedy_round_with(accept_at_most=None, bonus_offset=0, bonus=True):
+    """``greedy_round`` with one of a learner's slips: keep at most ``accept_at_most`` agreed drafts, take the bonus
+    from the wrong row (``bonus_offset`` −1), or emit no bonus after γ accepted drafts (the cache cropped to match)."""
+    def round_fn(target, draft, cache, context, gamma):
+        drafts = []
+        for _ in range(gamma):
+            ids = torch.cat([context, torch.tensor(drafts, dtype=torch.long)])[None]
+            drafts.append(int(draft(input_ids=ids, logits_to_keep=1).logits[0, -1].argmax()))
+        drafts = torch.tensor(drafts)
+        choice = kv.forward_cached(target, torch.cat([context[-1:], drafts])[None], cache).logits[0].argmax(-1)
+        n = 0
+        while n < min(gamma, accept_at_most or gamma) and int(choice[n]) == int(drafts[n]):
+            n += 1
+        if n == gamma and not bonus:
+            kv.crop(cache, 1)  # the last draft is the newest token: its K/V go
+            return drafts.tolist()
+        kv.crop(cache, gamma - n)
+        return drafts[:n].tolist() + [int(choice[n + bonus_offset if n == gamma else n])]
+    return round_fn
+
+
+@pytest.mark.parametrize("slip", ["accepts at most one draft", "the bonus from the row before", "no bonus token"])
+def test_rounds_that_waste_agreed_drafts_or_the_bonus_fail_though_a_weak_draft_hides_it(target, draft, slip, capsys):
+    """With the course's weak draft no round accepts more than a draft or two, so these slips gave the target's
+    tokens and passed (a review wrote them as a learner would). With the target as its own draft every draft is
+    accepted and each round must emit γ + 1 tokens: each slip fails there, and the right round passes (above)."""
+    round_fn = {"accepts at most one draft": greedy_round_with(accept_at_most=1),
+                "the bonus from the row before": greedy_round_with(bonus_offset=-1),
+                "no bonus token": greedy_round_with(bonus=False)}[slip]
+    assert check_speculative_round(round_fn, target, draft, PROMPT, gamma=4, max_new_tokens=20) is False
+    out = capsys.readouterr().out
+    assert "with a draft that agrees with the target" in out or "FAIL: first divergent" in out, out
+
+
+def test_a_round_that_forgets_its_return_is_told_so(target, draft, capsys):
+    def no_return(target, draft, cache, context, gamma):
+        greedy_round(target, draft, cache, context, gamma)
+
+    assert check_speculative_round(no_return, target, draft, PROMPT, gamma=4, max_new_tokens=20) is False
+    assert "returned None" in capsys.readouterr().out
+
+
+def test_a_cache_that_lost_positions_is_not_told_to_crop_more(target, draft, capsys):
+    """A round that cropped one position too many left the cache short, and the message said "crop the rejected
+    drafts", the wrong way; it now says positions were lost."""
+    def crops_too_much(target, draft, cache, context, gamma):
+        emitted = greedy_round(target, draft, cache, context, gamma)
+        kv.crop(cache, 1)
+        return emitted
+
+    assert check_speculative_round(crops_too_much, target, draft, PROMPT, gamma=4, max_new_tokens=20) is False
+    out = capsys.readouterr().out
+    assert "it lost some" in out and "crop the rejected drafts" not in out, out
 
 
 def test_a_16_bit_near_tie_passes_and_a_large_margin_fails(capsys):
@@ -231,10 +284,27 @@ def test_check_answer_compares_each_kind_of_answer_as_documented(capsys):
             check_answer("ex", answer, expected)
     with pytest.raises(AssertionError, match="Hint: divide by ten"):
         check_answer("ex", 0.5, 0.05, hint="divide by ten")
+    # a one-element tensor is its number; a list in the wrong shape is told its shape, not a hint about the values
+    assert check_answer("ex", torch.tensor([0.5]), 0.5) is True and check_answer("ex", np.array([[0.5]]), 0.5) is True
+    with pytest.raises(AssertionError, match=r"expected 3 values \(shape \(3,\)\), got shape \(1, 3\)"):
+        check_answer("ex", torch.tensor([[0.0, 0.0, 1.0]]), [0, 0, 1], hint="only one token has p > q")
     capsys.readouterr()
     for unanswered in (None, ...):
         assert check_answer("ex 3", unanswered, 0.5) is False
         assert "ex 3: not answered yet" in capsys.readouterr().out
+
+
+def test_alpha_for_speedup_checker_says_a_string_is_not_a_number():
+    """``"0.49"`` raised a raw TypeError from a comparison, which the notebooks (catching AssertionError) showed as a
+    traceback; a one-element tensor is its number."""
+    import pytest
+
+    from specdec_edu.course.exercises import check_alpha_for_speedup
+
+    with pytest.raises(AssertionError, match="is not a number"):
+        check_alpha_for_speedup("0.49", 4, 0.086, 1.58, 1.0)
+    right = check_alpha_for_speedup(0.4958, 4, 0.086, 1.58, 1.0)
+    assert check_alpha_for_speedup(torch.tensor([right]), 4, 0.086, 1.58, 1.0) == right
 
 
 def test_alpha_for_speedup_checker_holds_its_tolerance_on_both_sides():

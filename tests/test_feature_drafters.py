@@ -853,6 +853,8 @@ def test_eagle_noise_is_symmetric_and_bounded():
     feature_training.eagle_loss(drafter, data, torch.arange(2), noise=0.5, generator=torch.Generator().manual_seed(0))
     offset = inputs[0] - data.features[:, :-1].float()
     assert offset.abs().max() <= 0.5 and offset.min() < -0.4 and offset.max() > 0.4 and abs(float(offset.mean())) < 0.05
+    with pytest.raises(ValueError, match="noise=0.5 needs a generator"):  # never torch's global RNG, in silence
+        feature_training.eagle_loss(drafter, data, torch.arange(2), noise=0.5)
 
 
 def test_each_medusa_head_is_scored_on_its_own_answer_positions():

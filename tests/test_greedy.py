@@ -121,11 +121,32 @@ def test_explicit_model_drafter_and_reuse(target, close_draft):
 
 
 
+@pytest.mark.parametrize("batch", [1, 2])
+def test_greedy_speculative_decoding_without_a_generator_leaves_the_global_rng_alone(target, close_draft, batch):
+    """Greedy speculative decoding needs no draw for its output, but the draft loop draws each token from q (one-hot
+    here): with no generator those draws came from torch's global RNG, 16,384 exponentials per drafted token for the
+    embedded draft, so ``torch.manual_seed``'s stream moved under later code (a review found it). A greedy run
+    without a generator now drafts with a private one. Control: a sampled run without one still draws from the
+    global RNG, as documented."""
+    ids = torch.stack([PROMPTS[4], PROMPTS[10]])[:batch]
+    mask = torch.ones_like(ids)
+
+    def moves_global_rng(**kw):
+        torch.manual_seed(0)
+        before = torch.get_rng_state()
+        speculative_generate(target, close_draft, ids, attention_mask=mask, max_new_tokens=8, gamma=3, **kw)
+        return not torch.equal(before, torch.get_rng_state())
+
+    assert not moves_global_rng()
+    assert moves_global_rng(do_sample=True)  # the control
+
+
 def test_greedy_target_only_decoding_leaves_the_random_numbers_alone(target):
     """Greedy target-only decoding is an argmax: one prompt's loop takes it, and a batch's drew a token from the
     one-hot p instead (the same token), which moved the caller's generator, or torch's global one with
     ``generator=None``, so a later sampled call with it drew other tokens. (A drafter's draws use the generator in
-    greedy runs too, on purpose: a drafter may sample from a q that is not one-hot, as the dial does.) Control: a
+    greedy runs too, on purpose: a drafter may sample from a q that is not one-hot, as the dial does; with no
+    generator, a private one.) Control: a
     sampled call moves both."""
     ids, mask = torch.stack([PROMPTS[4], PROMPTS[10]]), torch.ones(2, 8, dtype=torch.long)  # two 8-token prompts
     calls = {

@@ -139,6 +139,11 @@ def test_parameter_bytes_is_a_hand_count(target):
     n_params = 2 * per_layer + 64 * 64 + 64 * 64 + 64  # layers, embedding, LM head, final norm
     assert parameter_bytes(target) == 4 * n_params  # float32
     assert parameter_bytes(copy.deepcopy(target).to(torch.bfloat16)) == 2 * n_params
+    # every course pair ties its LM head to the embedding: counted once (twice made the embedded target's floor 21 %
+    # too high, and no test saw it: the tiny models here are untied)
+    tied = copy.deepcopy(target)
+    tied.lm_head.weight = tied.get_input_embeddings().weight
+    assert parameter_bytes(tied) == 4 * (n_params - 64 * 64)
 
 
 def test_token_rendering(target, close_draft):
@@ -445,6 +450,30 @@ def test_a_compiled_verify_cost_sweeps_at_its_own_context_after_a_generation_fil
     cost.sweep()
     timed = [call for call in forward_calls if call[0] in (1, 3)]
     assert timed and all(length == 16 for _, length in timed), forward_calls
+
+
+def test_c_is_timed_in_turns_so_a_machine_that_slows_down_does_not_move_it(monkeypatch):
+    """gpu-report's c was two medians timed one after the other (all target steps, then all draft steps): on a machine
+    slowing down as it measures, the draft's came from a slower moment and c came out high (about 0.71 here for a
+    true 0.4; a review saw c swing from 0.02 to 0.07 under load). ``step_seconds`` times target, draft, target in each sweep and
+    takes the median of the sweeps' ratios: 0.4. A fake clock; every forward 10 % slower than the one before."""
+    clock, order = [0.0], []
+
+    def fake_forward(model, context_length, max_new, compile, compile_options, role="target", batch=1):
+        base = 0.004 if role == "draft" else 0.010
+
+        def forward(n):
+            order.append(role)
+            clock[0] += base * 1.1 ** len(order)
+        return forward
+
+    monkeypatch.setattr(measure, "_appending_forward", fake_forward)
+    monkeypatch.setattr(measure.time, "perf_counter", lambda: clock[0])
+    model = types.SimpleNamespace(device=torch.device("cpu"))
+    target_step, draft_step, c = measure.step_seconds(model, model, repeats=5)
+    assert order == ["target", "draft"] + ["target", "draft", "target"] * 5  # a warm-up of each, then in turns
+    assert c == pytest.approx(0.4, rel=0.01) and target_step > 0 and draft_step > 0
+    # the old way, a warm-up and 5 target steps, then the same for the draft: c = 0.4 × 1.1^6 ≈ 0.71
 
 
 def test_tokens_html_draws_the_asked_row_escaped_with_the_sources_it_uses():

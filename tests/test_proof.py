@@ -62,6 +62,27 @@ def test_a_hand_written_rule_passes_and_a_plausible_slip_fails():
     assert not chi2_check(accept_with_inverted_ratio).passed
 
 
+def test_a_rule_that_writes_into_p_cannot_change_what_it_is_judged_against():
+    """A learner's residual built in place on a row of p (``r = p[i]; r.sub_(q[i]).clamp_(min=0)``) rewrote the
+    harness's p, and TOY_P itself for the rest of the notebook: after one such run the control
+    ``resample_from_target`` passed (p = 0.198; a review found it). The harness now hands each round copies and
+    computes the exact distribution first. Here the rule's answers are right and only its writes are wrong: TOY_P and
+    TOY_Q stay as they were, and the control is still rejected after it."""
+    saved_p, saved_q = TOY_P.clone(), TOY_Q.clone()
+
+    def in_place(p, q, drafts, generator):
+        n, next_token = accept_and_resample(p, q, drafts, generator)
+        if n < len(drafts):  # the slip: the residual written into p's own row
+            row = p[n]
+            row.sub_(q[n]).clamp_(min=0)
+            row.div_(row.sum())
+        return n, next_token
+
+    judged = chi2_check(in_place)
+    assert torch.equal(TOY_P, saved_p) and torch.equal(TOY_Q, saved_q)
+    assert judged.passed and not chi2_check(BROKEN_RULES["resample_from_target"]).passed
+
+
 def test_the_harness_refuses_what_is_not_a_rule():
     with pytest.raises(TypeError, match="n_accepted, next_token"):
         chi2_check(lambda p, q, d, g: NotImplemented, n=5)

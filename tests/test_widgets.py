@@ -85,7 +85,11 @@ def test_simulate_first_token_matches_p_and_controls_do_not():
     tokens, accepted = simulate_first_token(p, q, n, generator=torch.Generator().manual_seed(0))
     counts = np.bincount(tokens, minlength=3)
     assert counts.sum() == n and len(accepted) == n
-    assert accepted.mean() == pytest.approx(0.6, abs=0.03)  # Σ min(p, q)
+    # Σ min(p, q) = 0.6; the standard error at n = 4,000 is √(0.6 · 0.4 / n) ≈ 0.0077, so ±0.03 is ≈ 3.9 SE
+    assert accepted.mean() == pytest.approx(0.6, abs=0.03)
+    _, accepted_always = simulate_first_token(p, q, n, generator=torch.Generator().manual_seed(0),
+                                              accept_fn=controls.accept_always)
+    assert accepted_always.mean() != pytest.approx(0.6, abs=0.03)  # control: a rule that accepts every draft
     assert chisquare(counts, np.array(p) * n).pvalue > 1e-3
     for broken in (controls.accept_always, controls.resample_from_target):
         bad, _ = simulate_first_token(p, q, n, generator=torch.Generator().manual_seed(0), accept_fn=broken)

@@ -55,10 +55,11 @@ class ReportSettings:
     repeats: int = 2
     prompts: tuple[str, ...] = CHAT_PROMPTS
     bandwidth_bytes: int | None = None  # the read-bandwidth buffer (default: see step_costs)
+    quick: bool = False  # the --quick settings (a disagreement then says to run without it)
 
     @classmethod
-    def quick(cls) -> ReportSettings:
-        return cls(max_new_tokens=16, gamma=4, repeats=1, prompts=CHAT_PROMPTS[:1])
+    def quick_settings(cls) -> ReportSettings:
+        return cls(max_new_tokens=16, gamma=4, repeats=1, prompts=CHAT_PROMPTS[:1], quick=True)
 
 
 def step_costs(target, draft, gamma: int, compiled: bool, bandwidth_bytes: int | None = None, repeats: int = 5) -> dict:
@@ -67,31 +68,33 @@ def step_costs(target, draft, gamma: int, compiled: bool, bandwidth_bytes: int |
     Returns ``read_bandwidth`` (bytes/s, ``torch.sum`` over ``bandwidth_bytes``), ``weight_bytes`` and
     ``memory_floor`` (weight bytes ÷ bandwidth: no step can be faster), ``target_step`` and ``draft_step``
     (a one-token step, median of ``repeats``: the draft's as its drafter takes it, with its reduced head if it has
-    one), ``c`` (their ratio) and ``verify_cost`` (a (γ + 1)-token
+    one), ``c`` (the median of their ratio over ``repeats`` sweeps that time them in turns, ``step_seconds``) and
+    ``verify_cost`` (a (γ + 1)-token
     target forward ÷ a one-token one: the median of ``repeats`` interleaved sweeps, ``measured_verify_cost``).
     ``bandwidth_bytes`` defaults to 1 GiB on CUDA (so that the reduction outlasts its launch) and 256 MiB elsewhere
     (more than a CPU's caches).
     """
-    from ..course.measure import VerifyCost, forward_seconds, measured_verify_cost, parameter_bytes, read_bandwidth
+    from ..course.measure import VerifyCost, measured_verify_cost, parameter_bytes, read_bandwidth, step_seconds
 
     if bandwidth_bytes is None:
         bandwidth_bytes = 2**30 if target.device.type == "cuda" else 2**28
     bandwidth = read_bandwidth(target.device, bandwidth_bytes)
     weight_bytes = parameter_bytes(target)
-    target_step = forward_seconds(target, 1, repeats=repeats, compile=compiled)
-    draft_step = forward_seconds(draft, 1, repeats=repeats, compile=compiled, role="draft")  # the generation's cache
+    target_step, draft_step, c = step_seconds(target, draft, repeats=repeats, compile=compiled)  # the generations' caches
     verify_cost = measured_verify_cost(target, gamma + 1, sweeps=max(VerifyCost.MIN_SWEEPS, repeats),
                                        compile=compiled)
     return {"read_bandwidth": bandwidth, "weight_bytes": weight_bytes, "memory_floor": weight_bytes / bandwidth,
-            "target_step": target_step, "draft_step": draft_step, "c": draft_step / target_step,
+            "target_step": target_step, "draft_step": draft_step, "c": c,
             "verify_cost": verify_cost}
 
 
-def verdict(costs: dict, alpha: float, gamma: int, measured: float | None = None, subject: str = "this pair") -> str:
+def verdict(costs: dict, alpha: float, gamma: int, measured: float | None = None, subject: str = "this pair",
+            quick: bool = False) -> str:
     """The sentence that says whether ``subject`` pays here, computed from ``costs`` (``step_costs``) and α.
 
     With ``measured`` (the speedup a run just measured), the sentence gives it beside the prediction and concludes only
-    where both agree: a sentence must not say "pays" under a measured slowdown, or the other way round."""
+    where both agree: a sentence must not say "pays" under a measured slowdown, or the other way round. ``quick``: the
+    run was ``--quick``'s, and a disagreement says to run without it."""
     from ..theory import alpha_for_speedup, expected_speedup
 
     c, verify = costs["c"], costs["verify_cost"]
@@ -111,7 +114,8 @@ def verdict(costs: dict, alpha: float, gamma: int, measured: float | None = None
         return f"At α = {alpha:.2f}, γ = {gamma}: {predicted}, so {subject} {pays} on this device ({needed})."
     if (measured > 1) != (with_verify > 1):
         return (f"At α = {alpha:.2f}, γ = {gamma}: measured {measured:.2f}×, but {predicted}: they disagree on whether "
-                f"{subject} pays here ({needed}). Short runs are noisy: run without --quick, on an idle device.")
+                f"{subject} pays here ({needed}). Short runs are noisy: "
+                + ("run without --quick, on an idle device." if quick else "run again on an idle device."))
     return (f"At α = {alpha:.2f}, γ = {gamma}: measured {measured:.2f}×; {predicted}. So {subject} {pays} on this "
             f"device ({needed}).")
 
@@ -188,7 +192,8 @@ def run_report(target, draft, tokenizer, settings: ReportSettings | None = None,
     say(describe_costs(costs, device, dtype, compiled, draft_eager))
 
     speedups, own_stats = [], []
-    for prompt in prompts:
+    for i, prompt in enumerate(prompts, start=1):  # a line before each: minutes of silence would look like a hang
+        say(f"  timing prompt {i}/{len(prompts)}: target-only and speculative, {settings.repeats} run(s) each ...")
         speedup, stats, check = _median_speedup(target, draft, prompt, settings, eos)
         speedups.append(speedup)
         own_stats.append(stats)
@@ -199,7 +204,7 @@ def run_report(target, draft, tokenizer, settings: ReportSettings | None = None,
     alpha_own, speedup_own = GenerationStats.pooled(own_stats).alpha, statistics.median(speedups)
     say(f"the pair's own draft, {len(prompts)} chat prompt(s), {settings.max_new_tokens} new tokens, γ = "
         f"{settings.gamma}: measured {speedup_own:.2f}× (median over prompts), α = {alpha_own:.2f} (all prompts' drafts)")
-    say("  " + verdict(costs, alpha_own, settings.gamma, speedup_own))
+    say("  " + verdict(costs, alpha_own, settings.gamma, speedup_own, quick=settings.quick))
 
     vocab = target.config.vocab_size
     reference = autoregressive_generate(target, prompts[0], max_new_tokens=settings.max_new_tokens).sequences[0]
@@ -217,7 +222,7 @@ def run_report(target, draft, tokenizer, settings: ReportSettings | None = None,
         f"(α = {dial_alpha:.2f} in the run, by chance on {settings.max_new_tokens} tokens)")
     # the prediction at the α the run had, which the measured speedup answers to (the dial sets 0.8 on average)
     say("  " + verdict(costs, dial_alpha, settings.gamma, dial_speedup,
-                       subject=f"a drafter with this draft's cost at α = {dial_alpha:.2f}"))
+                       subject=f"a drafter with this draft's cost at α = {dial_alpha:.2f}", quick=settings.quick))
     return {"device": name, "dtype": str(dtype), "compiled": compiled, "first_call_seconds": first, **costs,
             "speedup_own": speedup_own, "alpha_own": alpha_own, "speedup_dial": dial_speedup,
             "alpha_dial": dial_alpha, "dial_reference_replays": replays}
@@ -300,9 +305,14 @@ def main(args: argparse.Namespace, out: TextIO | None = None) -> int:
                              "--quick and --pair, or leave out --predict to measure")
         print(predicted_table(), file=out)
         return 0
+    from ..models.devices import on_colab
+
+    if on_colab() and not torch.cuda.is_available():  # the report would be about Colab's CPU, in silence
+        print("note: this Colab runtime has no GPU, so this reports its CPU: Runtime > Change runtime type > T4 GPU, "
+              "then run it again", file=out, flush=True)
     pair = args.pair or default_pair()
     start = time.perf_counter()
     target, draft, tokenizer = load_pair(pair)
-    run_report(target, draft, tokenizer, ReportSettings.quick() if args.quick else ReportSettings(), out, pair=pair,
-               load_seconds=time.perf_counter() - start)
+    run_report(target, draft, tokenizer, ReportSettings.quick_settings() if args.quick else ReportSettings(), out,
+               pair=pair, load_seconds=time.perf_counter() - start)
     return 0

@@ -6,9 +6,9 @@ step is memory-bound (reading the weights dominates); for a small model on a CPU
 weight reads and a fixed per-forward overhead (thousands of small calls) share the step
 (notebook 01 compares it with its memory floor, ``read_bandwidth``).
 These helpers measure the curve with medians over repeats (machines are noisy; one
-measurement is an anecdote); the draft/target cost ratio c is ``forward_seconds(draft, 1, role="draft") /
-forward_seconds(target, 1)`` (``role="draft"`` times the step a generation's drafter takes, see
-:func:`_drafter_forward`), or, from runs, a speculative run's ``stats.draft_seconds_per_token`` divided by a
+measurement is an anecdote); the draft/target cost ratio c is :func:`step_seconds`'s (the draft's one-token step
+as its drafter takes it, ``role="draft"``, see :func:`_drafter_forward`, over the target's, timed in turns), or, from
+runs, a speculative run's ``stats.draft_seconds_per_token`` divided by a
 target-only run's ``stats.target_seconds_per_forward`` (a speculative run's is its verify pass, not one step).
 """
 
@@ -48,6 +48,27 @@ def forward_seconds(model, n_new: int, context_length: int = 64, repeats: int = 
     for _ in range(warmup):  # a shape's first forward allocates (and on the compiled path, compiles or records)
         forward(n_new)
     return statistics.median(_seconds(partial(forward, n_new), partial(sync, model.device)) for _ in range(repeats))
+
+
+@torch.no_grad()
+def step_seconds(target, draft, repeats: int = 5, context_length: int = 64, compile: bool = False,
+                 compile_options: dict | None = None) -> tuple[float, float, float]:
+    """(target step, draft step, c): one-token forwards of the target and of the draft (the step its drafter takes,
+    ``role="draft"``), timed in interleaved sweeps, target, draft, target. c is the median over the sweeps of the draft
+    time over the mean of that sweep's two target times; the steps are medians. Two medians timed one after the other
+    (``forward_seconds`` twice) divide by a target step of another moment: on a shared machine the speed drifts."""
+    target_forward = _appending_forward(target, context_length, 1, compile, compile_options)
+    draft_forward = _appending_forward(draft, context_length, 1, compile, compile_options, role="draft")
+    target_forward(1), draft_forward(1)  # warm-up: a shape's first forward allocates (compiled: compiles or records)
+    wait = partial(sync, target.device)
+    targets, drafts, ratios = [], [], []
+    for _ in range(repeats):
+        before = _seconds(partial(target_forward, 1), wait)
+        drafts.append(_seconds(partial(draft_forward, 1), wait))
+        after = _seconds(partial(target_forward, 1), wait)
+        targets += [before, after]
+        ratios.append(drafts[-1] / ((before + after) / 2))
+    return statistics.median(targets), statistics.median(drafts), statistics.median(ratios)
 
 
 def _seconds(work: Callable[[], object], wait: Callable[[], None], timer: Callable[[], float] | None = None) -> float:

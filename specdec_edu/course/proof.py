@@ -132,16 +132,19 @@ def chi2_check(
     ``generator`` (a CPU ``torch.Generator``) draws the drafts and is passed to the rule; by default a
     fresh one seeded with :data:`SEED`, so the same rule gives the same p-value every time.
     """
-    p, q = check_distribution(p, "p"), check_distribution(q, "q")
+    # Private copies: a rule that writes into p or q in place (a residual built on a row of p, say) must not change
+    # the distributions it is judged against, nor the caller's (TOY_P is shared by every cell of a notebook)
+    p, q = check_distribution(p, "p").clone(), check_distribution(q, "q").clone()
     if p.dim() != 2 or q.dim() != 2 or p.shape != (q.shape[0] + 1, q.shape[1]) or n < 1:
         raise ValueError(f"need p [γ+1, V], q [γ, V] and n >= 1 rounds; got p {tuple(p.shape)}, q {tuple(q.shape)}, n = {n}")
     if generator is None:
         generator = torch.Generator().manual_seed(SEED)
     gamma = q.shape[0]
+    exact = emitted_distribution(p, q)  # before the rule runs
     drafts = torch.multinomial(q.float(), n, replacement=True, generator=generator).T  # [n, γ]: row i = round i's drafts
     emitted = []
     for tokens in drafts:
-        result = rule(p, q, tokens, generator)
+        result = rule(p.clone(), q.clone(), tokens, generator)
         if not (isinstance(result, tuple) and len(result) == 2):
             raise TypeError(f"a rule returns (n_accepted, next_token), got {result!r}")
         k, t = int(result[0]), int(result[1])
@@ -149,7 +152,6 @@ def chi2_check(
             raise ValueError(f"n_accepted must lie in 0..γ = 0..{gamma}, got {k}")
         emitted.append(tuple(tokens[:k].tolist()) + (t,))
 
-    exact = emitted_distribution(p, q)
     counts = Counter(emitted)
     impossible = sum(c for outcome, c in counts.items() if outcome not in exact)
     probs = torch.tensor(list(exact.values()), dtype=torch.float64)

@@ -147,8 +147,12 @@ def eagle_loss(drafter: EagleDrafter, data: Corpus, idx: torch.Tensor, *, noise:
     Pass 1: inputs (f_t, x_{t+1}) for t = 0 … n−2 → f̂_{t+1}; targets f_{t+1} (smooth L1) and p_{t+1}.
     Pass j > 1 (training-time test): the inputs' features are the previous pass's predictions, shifted
     to the positions they predict (f̂_t in place of f_t), as at draft step j where the layer reads its
-    own output. ``noise``: uniform noise U(−a, a) on pass 1's input features (EAGLE-1's remedy).
+    own output. ``noise``: uniform noise U(−a, a) on pass 1's input features (EAGLE-1's remedy), drawn from
+    ``generator`` (required with noise: the training run's draws come from its own seed, not torch's global RNG).
     """
+    if noise and generator is None:
+        raise ValueError(f"noise={noise} needs a generator: pass generator=torch.Generator().manual_seed(seed), so the "
+                         "noise is drawn from the training run's own seed, not from torch's global RNG.")
     f, tokens, top_ids, top_logp, n = batch_of(data, idx, drafter.target.device, drafter.target.dtype)
     mask = data.answer_mask(idx, 1)[:, : n - 1].to(f.device)  # position t+1's p predicts an answer token
     embeds = drafter.embed(tokens[:, 1:])  # e_{t+1}
