@@ -90,8 +90,12 @@ if [[ -f "$MANIFEST" ]]; then
     echo "tree check: every file as when scripts/gpu_wheels.sh ran" >> "$OUT/provenance.txt"
   fi
 fi
-timeout -k 5 60 "$PY" -c "import torch, transformers, platform; print(torch.__version__, transformers.__version__, 'Python', platform.python_version(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no CUDA device')" \
-  | tee "$OUT/versions.txt" | tee -a "$OUT/provenance.txt"
+{ timeout -k 5 60 "$PY" -c "import torch, transformers, platform; print(torch.__version__, transformers.__version__, 'Python', platform.python_version(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no CUDA device')" \
+  | tee "$OUT/versions.txt" | tee -a "$OUT/provenance.txt"; } || {
+  rc=$?  # nothing after this can run without torch: stop, but never with 124 (the device tool's timeout)
+  echo "failed: the versions line (import torch, transformers) exited $rc" | tee -a "$OUT/provenance.txt"
+  exit $(( rc == 124 || rc == 137 ? 3 : rc ))
+}
 
 DEVICE="${DEVICE:-cuda}"
 status=0

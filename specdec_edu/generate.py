@@ -22,6 +22,7 @@ Python ``if``. The context lives on the host, where drafters and stop checks rea
 
 from __future__ import annotations
 
+import contextlib
 import numbers
 import os
 import weakref
@@ -394,7 +395,7 @@ def speculative_generate(
         do_sample, temperature, top_k, top_p: as in HF ``generate``; greedy if not do_sample.
         generator: ``torch.Generator`` on the target's device, for reproducible sampling. Greedy runs use it too,
             for the drafter's draws (a drafter may sample from a q that is not one-hot, as the dial does); a greedy
-            run without one drafts with a private generator, so torch's global one is left alone.
+            run without one draws from torch's global RNG and then puts it back where it was.
         eos_token_id: int or list of ints; generation stops right after it, as ``generate`` does. Default ``None``:
             no stop but ``max_new_tokens`` (unlike ``generate``, the model's own EOS is not read: pass
             ``tok.eos_token_id`` for a chat answer that ends where the model ends it).
@@ -425,8 +426,28 @@ def speculative_generate(
     config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k,
                               top_p=top_p, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
     ids, mask = validate_prompts(target, input_ids, attention_mask, generator)
-    if generator is None and not do_sample:  # greedy: the output needs no draw, but drafting may; none from the global RNG
-        generator = torch.Generator(ids.device)
+    # greedy without a generator: the output needs no draw, but a drafter may draw (from torch's global RNG, then):
+    # put the global RNG back afterwards, so the caller's stream is where it was
+    with global_rng_put_back(ids.device, generator is None and not do_sample):
+        return _speculative(target, draft, ids, mask, config, gamma, generator, accept_fn, profile, compile,
+                            compile_options)
+
+
+@contextlib.contextmanager
+def global_rng_put_back(device: torch.device, put_back: bool):
+    """Inside, draws from torch's global RNG (the CPU's, and ``device``'s on CUDA) are as usual; after, the RNG is where
+    it was before (``torch.random.fork_rng``), when ``put_back``."""
+    if not put_back:
+        yield
+        return
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        yield
+
+
+def _speculative(target, draft, ids, mask, config: GenerationConfig, gamma: int, generator, accept_fn, profile, compile,
+                 compile_options) -> GenerationResult:
+    """``speculative_generate`` after its checks: ``ids`` ``[B, n]`` and ``mask`` validated, ``config`` built."""
+    max_new_tokens = config.max_new_tokens
     positions = ids.shape[1] + max_new_tokens + gamma  # what a cache must hold: prompt, output, the last round's drafts
     compile = resolve_compile(compile, ids.device, "only single prompts are compiled, not batches" if ids.shape[0] > 1 else
                               "the target's features (for this drafter) are not compiled" if wants_features(draft) else None)
@@ -448,7 +469,7 @@ def speculative_generate(
     while not row.stats.stopped_by:
         drafts, n, next_token, phases = speculative_round(loop, round_gamma(gamma, [row]), config, accept_fn, generator, clock)
         loop.emit(row.add(drafts, n, next_token, phases))
-    return GenerationResult(ids, [row.tokens], pad_token_id=pad_token_id, stats=row.stats, row_stats=[row.stats],
+    return GenerationResult(ids, [row.tokens], pad_token_id=config.pad_token_id, stats=row.stats, row_stats=[row.stats],
                             token_sources=[row.sources])  # the prompt as given: left padding kept, as for a batch
 
 

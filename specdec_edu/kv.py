@@ -635,7 +635,9 @@ def made_for(static: StaticKV, model: torch.nn.Module) -> bool:
     """Was ``static`` made for ``model`` as it is now: its device, dtype and weights' addresses? (``model.to(torch.float64)``
     or to another GPU after a compiled call: the old cache would feed float32 K/V, or K/V on the old device, to the
     moved model. ``model.cpu().cuda()`` or ``model.half().float()`` keeps both but moves every weight: a CUDA graph
-    recorded without a compiler replays with the old addresses built in, and would read freed memory, silently.)"""
+    recorded without a compiler replays with the old addresses built in, and would read freed memory, silently.)
+    Checked where a cache is looked up, at every generation's start; a ``ModelDrafter`` or ``VerifyCost`` made before
+    the weights moved keeps the cache it took: make it anew after moving a model."""
     return (static.device == model.device and static.dtype == next(model.parameters()).dtype
             and static.weights == weight_addresses(model))
 

@@ -147,6 +147,14 @@ def test_rounds_that_waste_agreed_drafts_or_the_bonus_fail_though_a_weak_draft_h
     assert "with a draft that agrees with the target" in out or "FAIL: first divergent" in out, out
 
 
+def test_the_pass_line_claims_agreeing_rounds_only_when_some_ran(target, draft, capsys):
+    """Four new tokens at γ = 4 leave no room for a round of γ + 1: the PASS line must not claim one was checked."""
+    assert check_speculative_round(greedy_round, target, draft, PROMPT, gamma=4, max_new_tokens=4) is True
+    assert "where every draft agrees" not in capsys.readouterr().out
+    assert check_speculative_round(greedy_round, target, draft, PROMPT, gamma=4, max_new_tokens=20) is True
+    assert "where every draft agrees (3 rounds)" in capsys.readouterr().out
+
+
 def test_a_round_that_forgets_its_return_is_told_so(target, draft, capsys):
     def no_return(target, draft, cache, context, gamma):
         greedy_round(target, draft, cache, context, gamma)
@@ -288,6 +296,8 @@ def test_check_answer_compares_each_kind_of_answer_as_documented(capsys):
     assert check_answer("ex", torch.tensor([0.5]), 0.5) is True and check_answer("ex", np.array([[0.5]]), 0.5) is True
     with pytest.raises(AssertionError, match=r"expected 3 values \(shape \(3,\)\), got shape \(1, 3\)"):
         check_answer("ex", torch.tensor([[0.0, 0.0, 1.0]]), [0, 0, 1], hint="only one token has p > q")
+    with pytest.raises(AssertionError, match="is not right"):  # a 0-d expected value: no shape message, no TypeError
+        check_answer("ex", torch.tensor([0.3, 0.2]), np.array(0.5))
     capsys.readouterr()
     for unanswered in (None, ...):
         assert check_answer("ex 3", unanswered, 0.5) is False

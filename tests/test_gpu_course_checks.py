@@ -408,6 +408,16 @@ def test_the_provenance_names_the_run_and_every_step_runs_offline_on_the_random_
             assert "offline=1,1 random=1" in cold
 
 
+def test_a_versions_line_cut_by_its_limit_stops_the_stage_with_3_not_124(tmp_path):
+    """Nothing runs without torch: a versions line that does not return stops the stage. Under `set -e` its 124 was
+    the script's exit status, which the device tool reads as its own timeout; it is exit 3 with a `failed:` line."""
+    out = tmp_path / "out"
+    done = run("cold", OUT=str(out), PYTHON=fake_python(tmp_path),
+               PATH=fake_tools(tmp_path, "*import torch, transformers*", 124))
+    assert done.returncode == 3, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "failed: the versions line (import torch, transformers) exited 124" in (out / "provenance.txt").read_text()
+
+
 def test_the_provenance_names_the_files_changed_since_the_wheels_were_made(tmp_path):
     """The tree travels at the call, not when scripts/gpu_wheels.sh wrote .whl/TREE: its MANIFEST (every file's
     sha256) is checked, and a file edited since is named in the provenance; an unchanged tree says so."""

@@ -68,8 +68,8 @@ def check_answer(name: str, answer: Any, expected: Any, *, tol: float = 1e-6, hi
         message = f"{name}: {answer!r} is not right."
         if isinstance(expected, (list, tuple, torch.Tensor, np.ndarray)) and isinstance(answer, (torch.Tensor, np.ndarray)):
             want, got = np.shape(np.asarray(expected, dtype=object)), tuple(answer.shape)
-            if want != got:  # the values may be right: say what is wrong first
-                message = f"{name}: expected {len(expected)} values (shape {want}), got shape {got}."
+            if want not in ((), got):  # the values may be right: say what is wrong first
+                message = f"{name}: expected {int(np.prod(want))} values (shape {want}), got shape {got}."
         raise AssertionError(message + (f" Hint: {hint}" if hint else ""))
     print(f"{name}: correct!")
     return True
@@ -119,10 +119,11 @@ def check_speculative_round(round_fn, target, draft, prompt_ids, *, gamma: int =
     length (or, if the tokens are right, that no round ever fed the target more than one token: one target
     forward per token is plain decoding, with no verify pass), and returns True / False; returns None (printing
     "not written yet") if ``round_fn`` returns ``NotImplemented``. In float32 PASS means identical token for
-    token. A bf16/fp16 target can flip a near-tie between the reference's 1-token forwards and the rounds'
-    (γ + 1)-token ones: such a divergence passes, saying so, when ``check_same_output`` finds it within
-    rounding's reach (a forgotten crop is far outside it). With ``tokenizer``, a FAIL line shows each token's text
-    beside its id.
+    token, and up to three more rounds with the target as its own draft emit the target's next γ + 1 tokens each
+    (every draft accepted, then the bonus token: a weak draft never tests either). A bf16/fp16 target can flip a
+    near-tie between the reference's 1-token forwards and the rounds' (γ + 1)-token ones: such a divergence passes,
+    saying so, when ``check_same_output`` finds it within rounding's reach (a forgotten crop is far outside it).
+    With ``tokenizer``, a FAIL line shows each token's text beside its id.
     """
     from .. import kv
     from ..generate import autoregressive_generate
@@ -177,12 +178,12 @@ def check_speculative_round(round_fn, target, draft, prompt_ids, *, gamma: int =
     if diverged is None and wrong_cache is None:
         # (in float32 only: in 16 bit the draft's 1-token forwards and the verify's γ + 1 may part at a near-tie)
         fp32 = next(target.parameters()).dtype == torch.float32
-        short = _rounds_short_of_gamma(round_fn, target, prompt, gamma, reference) if fp32 else ""
+        agreed, short = _rounds_short_of_gamma(round_fn, target, prompt, gamma, reference) if fp32 else (0, "")
         if short:
             print(f"FAIL: the tokens are right, but with a draft that agrees with the target (the target itself) "
                   f"{short}: every draft is accepted there, and the same verify pass gives the bonus token")
             return False
-        agreed = f", and γ + 1 = {gamma + 1} per round where every draft agrees" if fp32 else ""
+        agreed = f", and γ + 1 = {gamma + 1} per round where every draft agrees ({agreed} rounds)" if agreed else ""
         print(f"PASS: {len(new)} tokens identical to the target's greedy decoding (γ = {gamma}){agreed}")
         return True
     if diverged is not None:
@@ -198,21 +199,30 @@ def check_speculative_round(round_fn, target, draft, prompt_ids, *, gamma: int =
     return False
 
 
-def _rounds_short_of_gamma(round_fn, target, prompt, gamma: int, reference: list[int], rounds: int = 3) -> str:
+def _rounds_short_of_gamma(round_fn, target, prompt, gamma: int, reference: list[int], rounds: int = 3,
+                           tie: float = 1e-4) -> tuple[int, str]:
     """With the target as its own draft every draft is accepted: each round must emit γ + 1 tokens, the target's
     own. With the course's weak draft a round rarely accepts more than one draft, so a round that threw agreed drafts
-    away, or never gave the bonus token, matched the target token for token. ``""`` if the rounds do, else what
-    went wrong."""
+    away, or never gave the bonus token, matched the target token for token. Returns (rounds checked, ``""``), or
+    what went wrong. A round cut short where the target's top two logits lie within ``tie`` ends the check, passed:
+    the draft's forward (the whole context) and the verify's (cached) can round such a near-tie apart, even in fp32."""
     from .. import kv
 
     cache, context, new = kv.new_cache(target), prompt, []
     if len(prompt) > 1:
         kv.forward_cached(target, prompt[None, :-1], cache)
+    checked = 0
     for r in range(1, min(rounds, len(reference) // (gamma + 1)) + 1):
         emitted = [int(t) for t in torch.as_tensor(round_fn(target, target, cache, context.clone(), gamma)).flatten()]
         expected = reference[len(new): len(new) + gamma + 1]
         if emitted != expected:
-            return (f"round {r} emitted {len(emitted)} tokens {emitted}, where the target's next γ + 1 = {gamma + 1} are "
-                    f"{expected}")
-        context, new = torch.cat([context, torch.tensor(emitted, device=context.device)]), new + emitted
-    return ""
+            k = len(emitted) - 1  # where a draft was turned down, if the round stopped early on the target's own token
+            if 0 <= k < gamma and emitted == expected[: k + 1]:
+                ids = torch.cat([context, torch.tensor(expected[:k], dtype=torch.long, device=context.device)])[None]
+                top2 = target(input_ids=ids).logits[0, -1].float().topk(2).values
+                if float(top2[0] - top2[1]) < tie:
+                    return checked, ""  # a near-tie: the draft and the verify may both be right
+            return checked, (f"round {r} emitted {len(emitted)} tokens {emitted}, where the target's next γ + 1 = "
+                             f"{gamma + 1} are {expected}")
+        context, new, checked = torch.cat([context, torch.tensor(emitted, device=context.device)]), new + emitted, r
+    return checked, ""
