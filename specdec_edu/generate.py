@@ -286,6 +286,10 @@ def compiles_by_default(device) -> bool:
     return torch.device(device).type == "cuda"  # unset, or inductor (a CUDA choice): compile on CUDA only
 
 
+#: Why a drafter that reads the target's hidden states runs eager (``resolve_compile``'s ``eager_reason``).
+FEATURES_EAGER = "the target's features (for this drafter) are not compiled"
+
+
 def resolve_compile(compile: bool | None, device, eager_reason: str | None) -> bool:
     """Whether this call compiles. ``None``: as ``compiles_by_default`` says, wherever it can (a batch, or
     a drafter that reads the target's features, quietly runs eager). ``True``: compile, unless
@@ -450,7 +454,7 @@ def _speculative(target, draft, ids, mask, config: GenerationConfig, gamma: int,
     max_new_tokens = config.max_new_tokens
     positions = ids.shape[1] + max_new_tokens + gamma  # what a cache must hold: prompt, output, the last round's drafts
     compile = resolve_compile(compile, ids.device, "only single prompts are compiled, not batches" if ids.shape[0] > 1 else
-                              "the target's features (for this drafter) are not compiled" if wants_features(draft) else None)
+                              FEATURES_EAGER if wants_features(draft) else None)
     drafter = as_drafter(draft, target, compile, compile_options, positions)
     check_drafter_target(drafter, target)
     if ids.shape[0] > 1:

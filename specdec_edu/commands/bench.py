@@ -25,7 +25,7 @@ import torch
 from ..course.experiments import interleaved_benchmark, timed
 from ..course.measure import measured_verify_cost
 from ..drafters import PromptLookupDrafter
-from ..generate import autoregressive_generate, resolve_compile, speculative_generate
+from ..generate import FEATURES_EAGER, autoregressive_generate, resolve_compile, speculative_generate
 from ..models.devices import device_name
 from ..models.embedded import PAIRS
 from ..models.feature_drafters import load_drafter
@@ -215,8 +215,7 @@ def run_bench(target, draft, inputs, *, eos_token_id=None, drafter="model", gamm
         raise ValueError(f"drafter={drafter!r}: use one of {', '.join(map(repr, DRAFTERS))}")
     # A drafter that reads the target's features runs eager, so then every method of ours does: a speedup, c or
     # verify cost must not compare an eager run with a compiled one.
-    compiled = resolve_compile(compile, target.device, "the target's features (for this drafter) are not compiled"
-                               if drafter in FEATURE_DRAFTERS else None)
+    compiled = resolve_compile(compile, target.device, FEATURES_EAGER if drafter in FEATURE_DRAFTERS else None)
     methods = methods_for(target, draft, drafter, gamma, eos_token_id, compiled, corpus_additions, hf_lookup,
                           suffix_options)
     # Warm-up: first calls pay for allocations, lazy init and compiling. The longest prompt at the real length, so

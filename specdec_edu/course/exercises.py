@@ -24,14 +24,20 @@ import torch
 __all__ = ["check_answer", "check_alpha_for_speedup", "check_speculative_round"]
 
 
+def _one_number(x: Any) -> Any:
+    """``x``'s number if it is a tensor or array of one element (``tensor([0.5])``), else ``x`` as it is."""
+    if isinstance(x, (torch.Tensor, np.ndarray, np.generic)) and torch.as_tensor(x).numel() == 1:
+        return x.item()
+    return x
+
+
 def _matches(answer: Any, expected: Any, tol: float) -> bool:
     """Numbers within ``tol``, strings without case or surrounding spaces, sequences element by element. A bool
     matches only a bool and a number only a number: ``False`` is not the answer 0, nor ``"0.4"`` the answer 0.4."""
     answer, expected = (x.item() if isinstance(x, (torch.Tensor, np.ndarray, np.generic)) and np.ndim(x) == 0 else x
                         for x in (answer, expected))  # a 0-d tensor or numpy scalar is its Python number or bool
-    number_expected = isinstance(expected, (int, float)) and not isinstance(expected, bool)
-    if number_expected and isinstance(answer, (torch.Tensor, np.ndarray)) and torch.as_tensor(answer).numel() == 1:
-        answer = answer.item()  # tensor([0.5]) where a number is expected: that number, whatever its shape
+    if isinstance(expected, (int, float)) and not isinstance(expected, bool):
+        answer = _one_number(answer)  # tensor([0.5]) where a number is expected: that number, whatever its shape
     if isinstance(expected, str):
         return isinstance(answer, str) and answer.strip().lower() == expected.strip().lower()
     if isinstance(expected, bool) or isinstance(answer, bool):
@@ -85,8 +91,7 @@ def check_alpha_for_speedup(a, gamma: int, c: float, verify_cost: float, speedup
     """
     from ..theory import alpha_for_speedup, expected_speedup
 
-    if isinstance(a, (torch.Tensor, np.ndarray, np.generic)) and torch.as_tensor(a).numel() == 1:
-        a = a.item()
+    a = _one_number(a)
     assert a is None or (isinstance(a, (int, float)) and not isinstance(a, bool)), \
         f"α = {a!r} is not a number: give the acceptance rate as a float, e.g. 0.42 (or nan)"
     try:
@@ -132,9 +137,7 @@ def check_speculative_round(round_fn, target, draft, prompt_ids, *, gamma: int =
     prompt = torch.as_tensor(prompt_ids).flatten().to(target.device)
     # eager, like the rounds (DynamicCache): on a GPU a compiled reference would round differently again
     reference = autoregressive_generate(target, prompt, max_new_tokens=max_new_tokens, compile=False).row(0).tolist()
-    cache, context, new, wrong_cache, rounds = kv.new_cache(target), prompt, [], None, 0
-    if len(prompt) > 1:
-        kv.forward_cached(target, prompt[None, :-1], cache)  # prefill: the cache holds all but the last token
+    cache, context, new, wrong_cache, rounds = _prefilled(target, prompt), prompt, [], None, 0
     widths = []  # the input width of every target forward inside the rounds: a verify pass reads γ + 1 tokens at once
 
     def record_width(module, args, kwargs):
@@ -206,12 +209,7 @@ def _rounds_short_of_gamma(round_fn, target, prompt, gamma: int, reference: list
     away, or never gave the bonus token, matched the target token for token. Returns (rounds checked, ``""``), or
     what went wrong. A round cut short where the target's top two logits lie within ``tie`` ends the check, passed:
     the draft's forward (the whole context) and the verify's (cached) can round such a near-tie apart, even in fp32."""
-    from .. import kv
-
-    cache, context, new = kv.new_cache(target), prompt, []
-    if len(prompt) > 1:
-        kv.forward_cached(target, prompt[None, :-1], cache)
-    checked = 0
+    cache, context, new, checked = _prefilled(target, prompt), prompt, [], 0
     for r in range(1, min(rounds, len(reference) // (gamma + 1)) + 1):
         emitted = [int(t) for t in torch.as_tensor(round_fn(target, target, cache, context.clone(), gamma)).flatten()]
         expected = reference[len(new): len(new) + gamma + 1]
@@ -226,3 +224,13 @@ def _rounds_short_of_gamma(round_fn, target, prompt, gamma: int, reference: list
                              f"{gamma + 1} are {expected}")
         context, new, checked = torch.cat([context, torch.tensor(emitted, device=context.device)]), new + emitted, r
     return checked, ""
+
+
+def _prefilled(target, prompt: torch.Tensor):
+    """A new cache holding ``prompt`` ``[n]`` but its last token: what a round starts from."""
+    from .. import kv
+
+    cache = kv.new_cache(target)
+    if len(prompt) > 1:
+        kv.forward_cached(target, prompt[None, :-1], cache)
+    return cache
